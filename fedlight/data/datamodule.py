@@ -1,0 +1,145 @@
+"""``FederatedDataModule``: one pool of labelled data, split over clients and into train/held-out.
+
+Data for the classification benchmarks fits in memory, so samples stay in a few tensors on the
+training device and each client is an index vector into them. A local epoch is a fresh permutation
+of the client's indices drawn from the client's own generator, cut into batches by slicing: no
+``DataLoader`` per client and no per-sample collation, which would cost more than the small models'
+steps themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from fedlight.data.base import FederatedDataset, LabelledTensors
+from fedlight.data.partition import Natural, Partitioner
+from fedlight.errors import ConfigError
+
+
+class FederatedDataModule:
+    """Partitions a dataset over clients and serves their batches.
+
+    Args:
+        dataset: the labelled pool (``class_path`` of a :class:`~fedlight.data.base.FederatedDataset`).
+        partitioner: how the pool is split over clients. Default: the dataset's natural split
+            (``Natural``), which needs per-sample client ids such as Synthetic's users.
+        batch_size: local mini-batch size (10 in the prototype-margin paper's classification runs).
+        test_fraction: share of every client's samples held out for evaluation (0.2: the papers'
+            80/20 split).
+        eval_batch_size: batch size of evaluation passes; evaluation runs without gradients, so it can
+            be large.
+        seed: seed of the dataset generation, partition and train/held-out split. It is separate from
+            the run's seed so that seeds of a table row share one federation.
+    """
+
+    def __init__(
+        self,
+        dataset: FederatedDataset,
+        partitioner: Partitioner | None = None,
+        batch_size: int = 10,
+        test_fraction: float = 0.2,
+        eval_batch_size: int = 1024,
+        seed: int = 0,
+    ) -> None:
+        problems = []
+        if batch_size < 1:
+            problems.append(f"Expected --data.batch_size ≥ 1, got {batch_size}.")
+        if not 0.0 <= test_fraction < 1.0:
+            problems.append(f"Expected --data.test_fraction in [0, 1), got {test_fraction}.")
+        if eval_batch_size < 1:
+            problems.append(f"Expected --data.eval_batch_size ≥ 1, got {eval_batch_size}.")
+        if problems:
+            raise ConfigError(*problems)
+        self.dataset = dataset
+        self.partitioner = partitioner if partitioner is not None else Natural()
+        self.batch_size = batch_size
+        self.test_fraction = test_fraction
+        self.eval_batch_size = eval_batch_size
+        self.seed = seed
+        self._is_setup = False
+
+    @property
+    def num_classes(self) -> int:
+        return self.dataset.num_classes
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.dataset.input_shape)
+
+    def setup(self) -> None:
+        """Loads the pool, partitions it and splits every client 80/20 (idempotent)."""
+        if self._is_setup:
+            return
+        rng = np.random.default_rng(self.seed)
+        pool = self.dataset.load_train()
+        targets = pool.targets.numpy()
+        clients = self.partitioner(targets, self.num_classes, rng, groups=pool.groups)
+        if not clients or any(len(c) == 0 for c in clients):
+            empty = sum(len(c) == 0 for c in clients)
+            raise ConfigError(
+                f"The partition of {len(pool)} samples left {empty} of {len(clients)} clients empty: there are "
+                "more clients than samples can fill. Lower --data.partitioner.init_args.num_clients."
+            )
+        train, held_out = [], []
+        for indices in clients:
+            indices = rng.permutation(indices)
+            num_train = max(1, int((1.0 - self.test_fraction) * len(indices)))
+            train.append(np.sort(indices[:num_train]))
+            held_out.append(np.sort(indices[num_train:]))
+        self.pool = pool
+        self.client_train = [torch.from_numpy(ix).long() for ix in train]
+        self.num_samples = np.array([len(ix) for ix in train], dtype=np.int64)  # n_k
+        # The clients' held-out splits as one set with each sample's client index, evaluated in one pass.
+        self.held_out_index = torch.from_numpy(np.concatenate(held_out)).long()
+        self.held_out_group = torch.from_numpy(np.repeat(np.arange(len(held_out)), [len(h) for h in held_out]))
+        self.test: LabelledTensors | None = self.dataset.load_test()
+        self._is_setup = True
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_train)
+
+    def to(self, device: torch.device | str) -> FederatedDataModule:
+        """Moves the in-memory tensors to the training device once, before the first round."""
+        self.pool = LabelledTensors(self.pool.inputs.to(device), self.pool.targets.to(device), self.pool.groups)
+        self.client_train = [ix.to(device) for ix in self.client_train]
+        self.held_out_index = self.held_out_index.to(device)
+        self.held_out_group = self.held_out_group.to(device)
+        if self.test is not None:
+            self.test = LabelledTensors(self.test.inputs.to(device), self.test.targets.to(device))
+        return self
+
+    def train_batches(self, client: int, generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yields one shuffled epoch of client ``client``'s training batches (the last may be smaller)."""
+        indices = self.client_train[client]
+        order = indices[torch.randperm(len(indices), generator=generator).to(indices.device)]
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start : start + self.batch_size]
+            yield self.pool.inputs[batch], self.pool.targets[batch]
+
+    def held_out_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Yields ``(x, y, client index)`` batches over every client's held-out split."""
+        for start in range(0, len(self.held_out_index), self.eval_batch_size):
+            batch = self.held_out_index[start : start + self.eval_batch_size]
+            yield (
+                self.pool.inputs[batch],
+                self.pool.targets[batch],
+                self.held_out_group[start : start + len(batch)],
+            )
+
+    def test_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Yields ``(x, y, 0)`` batches over the global test set.
+
+        Without a separate test set, the global test set is the union of the clients' held-out splits,
+        as in FedProx's and the prototype-margin paper's evaluation.
+        """
+        if self.test is None:
+            for x, y, _ in self.held_out_batches():
+                yield x, y, torch.zeros_like(y)
+            return
+        for start in range(0, len(self.test), self.eval_batch_size):
+            y = self.test.targets[start : start + self.eval_batch_size]
+            yield self.test.inputs[start : start + self.eval_batch_size], y, torch.zeros_like(y)

@@ -1,0 +1,47 @@
+"""Your own arrays as a federated dataset: a NumPy ``.npz`` file with inputs, targets and client ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedlight.data.base import FederatedDataset, LabelledTensors
+from fedlight.errors import ConfigError
+
+
+class NpzDataset(FederatedDataset):
+    """Reads ``inputs`` ``[N, ...]``, ``targets`` ``[N]`` and optionally ``groups`` ``[N]`` from an ``.npz``.
+
+    Save one with ``numpy.savez(path, inputs=x, targets=y, groups=client_ids)``. With ``groups`` the
+    ``Natural`` partitioner gives one client per id; without, choose a partitioner.
+
+    Args:
+        path: the ``.npz`` file.
+        num_classes: number of classes; by default ``max(targets) + 1``.
+    """
+
+    def __init__(self, path: str, num_classes: int | None = None) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ConfigError(
+                f"--data.dataset.init_args.path={self.path} does not exist. Save your arrays there with "
+                "numpy.savez(path, inputs=x, targets=y, groups=client_ids), or point the flag at the file."
+            )
+        with np.load(self.path) as arrays:
+            missing = {"inputs", "targets"} - set(arrays.files)
+            if missing:
+                raise ConfigError(
+                    f"{self.path} lacks the arrays {sorted(missing)}; it has {sorted(arrays.files)}. "
+                    "Save it with numpy.savez(path, inputs=x, targets=y)."
+                )
+            self.input_shape = tuple(arrays["inputs"].shape[1:])
+            self.num_classes = num_classes if num_classes is not None else int(arrays["targets"].max()) + 1
+
+    def load_train(self) -> LabelledTensors:
+        with np.load(self.path) as arrays:
+            groups = arrays["groups"] if "groups" in arrays.files else None
+            return LabelledTensors(
+                torch.from_numpy(arrays["inputs"]).float(), torch.from_numpy(arrays["targets"]).long(), groups
+            )

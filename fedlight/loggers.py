@@ -1,0 +1,92 @@
+"""Per-round metrics to ``metrics.csv`` and to Weights & Biases (offline by default)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+
+class RoundCSV:
+    """``metrics.csv`` with one row per round, the round first.
+
+    Rows are appended; when a round brings a metric the header lacks, the file is rewritten with the
+    wider header (the round history is small). On resume the file is rewritten from the checkpoint's
+    history, so rounds computed after the last checkpoint by a killed run do not appear twice.
+    """
+
+    def __init__(self, path: str | Path, history: list[dict[str, float]]) -> None:
+        self.path = Path(path)
+        self.history = history
+        self.columns: list[str] = []
+        self._rewrite()
+
+    def log(self, row: dict[str, float]) -> None:
+        """Appends ``row``; it must already be the last element of the shared history list."""
+        new = [key for key in row if key not in self.columns]
+        if new:
+            self._rewrite()
+            return
+        with self.path.open("a", newline="") as f:
+            csv.DictWriter(f, self.columns).writerow(row)
+
+    def _rewrite(self) -> None:
+        columns = ["round"]
+        for row in self.history:
+            columns += [key for key in row if key not in columns]
+        self.columns = columns
+        tmp = self.path.with_suffix(".csv.tmp")
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, columns)
+            writer.writeheader()
+            writer.writerows(self.history)
+        os.replace(tmp, self.path)
+
+
+def wandb_logger(
+    run_dir: Path,
+    project: str,
+    name: str,
+    run_id: str,
+    mode: Literal["offline", "online", "disabled"],
+    config: dict[str, Any] | None,
+):
+    """A Lightning ``WandbLogger`` writing under ``run_dir``, resuming ``run_id`` if it exists.
+
+    The round is the step of every logged value, so the round is the x-axis of every curve.
+    """
+    from lightning.pytorch.loggers import WandbLogger
+
+    os.environ.setdefault("WANDB_SILENT", "true")
+    logger = WandbLogger(
+        project=project,
+        name=name,
+        id=run_id,
+        save_dir=str(run_dir),
+        offline=mode == "offline",
+        mode=mode,
+        resume="allow",
+    )
+    if config is not None:
+        logger.log_hyperparams(config)
+    return logger
+
+
+def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """Scalar metrics only, as plain floats (NaN kept: it is information)."""
+    out = {}
+    for key, value in metrics.items():
+        if hasattr(value, "item") and getattr(value, "numel", lambda: 1)() == 1:
+            value = value.item()
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = float(value)
+    return out
+
+
+def format_postfix(metrics: dict[str, float], labels: dict[str, str]) -> dict[str, str]:
+    """A short progress-bar postfix: ``{label: value}`` for the ``{label: metric key}`` pairs present."""
+    return {
+        label: f"{metrics[key]:.4g}" for label, key in labels.items() if key in metrics and math.isfinite(metrics[key])
+    }

@@ -1,0 +1,15 @@
+"""Model registry: ``create_model(name, input_shape=..., num_classes=..., **kwargs)``.
+
+Every registered model is an ``nn.Module`` with one uniform interface, so generic code (prototypes,
+MOON, FedDecorr, feature discrepancy) can split encoder from classifier without knowing the model:
+
+- ``forward_features(x)`` returns the encoder output, the input of the final classifier;
+- ``forward_head(features)`` returns the logits;
+- ``forward(x) == forward_head(forward_features(x))``.
+"""
+
+from fedlight.models.cnn import CNN
+from fedlight.models.mlp import MLP
+from fedlight.models.registry import create_model, list_models, register_model
+
+__all__ = ["CNN", "MLP", "create_model", "list_models", "register_model"]

@@ -1,0 +1,166 @@
+"""The server callback layer: a :class:`Strategy` is the aggregation rule of a federated run.
+
+The trainer's round loop fires the hooks below by name, in this order::
+
+    sample_clients                                   server, start of round t
+    on_round_start(trainer, t, plans)                server
+    for each client k that trains:                   on the rank that hosts k
+        initial_state(trainer, plan, W^t)            server → client: the state k starts from
+        on_client_fit_start(trainer, module, plan)   client, after W^t is loaded
+        training_loss(module, batch, outputs)        client, every local step
+        on_client_fit_end(trainer, module, update)   client, fills update.payload
+        client_weights(update)                       unnormalised weights of k's state
+    server_update(W^t, aggregate, updates)           server, after the weighted sum
+    on_round_end(trainer, t, updates) -> metrics     server, every update's payload in hand
+
+Most rules are "weights from payloads, then one weighted sum". The trainer does the sum in fp32, in
+one flat buffer and one all-reduce across ranks, while clients finish, so no client state is held
+past its own local fit. A rule with ``weight_channels = m > 1`` gives each client ``m`` weights and
+gets back ``Σ_j c_j · (Σ_k w_kj θ_k) / (Σ_k w_kj)`` with the coefficients ``c`` of
+:meth:`channel_coefficients`; that expresses normalised mixtures such as FedProto's
+``(a_agg + a_loc)/2``. Rules that need every client's state at once (median, Krum, FedCC's centroid
+matching) set ``gather_states = True`` and implement :meth:`aggregate_states`.
+
+Every hook has a no-op default, so a rule overrides only what it changes. Stateful rules implement
+:meth:`state_dict` / :meth:`load_state_dict`; what they return must be tensors, numbers, strings and
+containers of them, so checkpoints load with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import torch
+
+from fedlight.strategies.functional import sample_clients
+
+if TYPE_CHECKING:
+    from lightning import LightningModule
+
+    from fedlight.trainer import FederatedTrainer
+
+
+@dataclass
+class ClientPlan:
+    """One sampled client's workload in a round.
+
+    Attributes:
+        client: client index.
+        epochs: local epochs to run: F, or F' < F for a tolerated straggler.
+        straggler: whether the client is one of the round's δ-fraction of stragglers.
+        dropped: a straggler whose partial work the strategy does not accept; it does not train.
+    """
+
+    client: int
+    epochs: int
+    straggler: bool = False
+    dropped: bool = False
+
+
+@dataclass
+class ClientUpdate:
+    """What a client sends back besides its state.
+
+    Attributes:
+        client: client index.
+        num_samples: n_k, the client's training-set size.
+        epochs: local epochs run.
+        num_steps: optimizer steps run.
+        train_loss: mean training loss over the local steps.
+        payload: strategy-defined side information (prototypes, margins, saliency weight…),
+            small and made of tensors/numbers so it can cross processes.
+        weights: the unnormalised aggregation weights the strategy gave it, one per channel.
+        finite: false when the returned state held NaN/Inf; such a client is not aggregated.
+    """
+
+    client: int
+    num_samples: int
+    epochs: int
+    num_steps: int
+    train_loss: float
+    payload: dict[str, Any] = field(default_factory=dict)
+    weights: tuple[float, ...] = ()
+    finite: bool = True
+
+
+class Strategy:
+    """FedAvg-shaped defaults for every hook; subclasses override the ones their rule changes.
+
+    Args:
+        tolerate_stragglers: aggregate stragglers' partial work (F' < F epochs) instead of dropping
+            them. FedAvg drops them in the papers; FedProx and FedProto keep them.
+        sampling: how the round's clients are drawn: ``proportional`` to n_k without replacement
+            (the prototype-margin paper) or ``uniform`` (FedProx's code, FedSLS).
+    """
+
+    weight_channels: int = 1
+    gather_states: bool = False
+
+    def __init__(
+        self,
+        tolerate_stragglers: bool = False,
+        sampling: Literal["proportional", "uniform"] = "proportional",
+    ) -> None:
+        self.tolerate_stragglers = tolerate_stragglers
+        self.sampling = sampling
+
+    # -- plan ---------------------------------------------------------------------------------------
+    def sample_clients(self, num_samples: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+        """Returns the sorted indices of the round's ``k`` clients."""
+        return sample_clients(num_samples, k, rng, proportional=self.sampling == "proportional")
+
+    # -- hooks ---------------------------------------------------------------------------------------
+    def on_fit_start(self, trainer: FederatedTrainer) -> None:
+        """Called once before the first round (also after a resume)."""
+
+    def on_round_start(self, trainer: FederatedTrainer, round_idx: int, plans: list[ClientPlan]) -> None:
+        """Called on every rank before any client of the round trains."""
+
+    def initial_state(self, trainer: FederatedTrainer, plan: ClientPlan, global_state: torch.Tensor) -> torch.Tensor:
+        """Returns the flat state client ``plan.client`` starts from (the global model by default)."""
+        return global_state
+
+    def on_client_fit_start(self, trainer: FederatedTrainer, module: LightningModule, plan: ClientPlan) -> None:
+        """Called with the received state loaded and the module in train mode, before the first step."""
+
+    def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Returns the loss to minimise; ``outputs`` is what ``module.training_step`` returned."""
+        return outputs["loss"]
+
+    def on_client_fit_end(self, trainer: FederatedTrainer, module: LightningModule, update: ClientUpdate) -> None:
+        """Called after local training, module in train mode; may fill ``update.payload``."""
+
+    def client_weights(self, update: ClientUpdate) -> Sequence[float]:
+        """Unnormalised weights of the client's state, one per channel: n_k by default (FedAvg)."""
+        return (float(update.num_samples),) * self.weight_channels
+
+    def channel_coefficients(self) -> Sequence[float]:
+        """Mixing coefficients c_j of the channels' normalised averages (they should sum to 1)."""
+        return (1.0 / self.weight_channels,) * self.weight_channels
+
+    def aggregate_states(
+        self, global_state: torch.Tensor, states: torch.Tensor, updates: list[ClientUpdate]
+    ) -> torch.Tensor:
+        """For ``gather_states`` rules: the new state from ``[K, P]`` client states."""
+        raise NotImplementedError(f"{type(self).__name__} sets gather_states but does not aggregate them")
+
+    def server_update(
+        self, global_state: torch.Tensor, aggregate: torch.Tensor, updates: list[ClientUpdate]
+    ) -> torch.Tensor:
+        """Returns W^{t+1} from W^t and the aggregate; FedAvg takes the aggregate as it is."""
+        return aggregate
+
+    def on_round_end(self, trainer: FederatedTrainer, round_idx: int, updates: list[ClientUpdate]) -> dict[str, float]:
+        """Called on every rank with all aggregated updates; returns metrics to log for the round."""
+        return {}
+
+    # -- state ---------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Returns the strategy's state between rounds (nothing for stateless rules)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores :meth:`state_dict`."""

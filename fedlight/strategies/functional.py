@@ -1,0 +1,88 @@
+"""Pure aggregation maths shared by the strategies.
+
+Model states travel as one flat fp32 vector (see :class:`fedlight.state.FlatState`), so every rule
+here is a few tensor operations over ``[K, P]`` or ``[P]`` tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+
+def weighted_average(states: torch.Tensor, weights: torch.Tensor | Sequence[float]) -> torch.Tensor:
+    """Returns Σ_k w_k θ_k / Σ_k w_k (FedAvg, Eq. 3 of the prototype-margin paper with w_k = n_k).
+
+    Args:
+        states: ``[K, P]`` client states.
+        weights: ``[K]`` non-negative weights, not necessarily normalised.
+
+    >>> weighted_average(torch.tensor([[0.0, 2.0], [4.0, 6.0]]), [1.0, 3.0])
+    tensor([3., 5.])
+    """
+    weights = torch.as_tensor(weights, dtype=states.dtype, device=states.device)
+    assert weights.shape == states.shape[:1], f"{weights.shape[0]} weights for {states.shape[0]} states"
+    total = weights.sum()
+    assert total > 0, f"weights must have a positive sum, got {weights.tolist()}"
+    return (weights / total) @ states
+
+
+def sample_clients(
+    num_samples: np.ndarray,
+    k: int,
+    rng: np.random.Generator,
+    proportional: bool = True,
+) -> np.ndarray:
+    """Draws ``k`` distinct clients, with probability ∝ n_k (the papers' default) or uniformly.
+
+    Sampling ∝ n_k without replacement is sequential: each draw renormalises the remaining
+    clients' sizes, as ``numpy.random.Generator.choice(..., replace=False, p=...)`` does.
+
+    Args:
+        num_samples: ``[N]`` training-sample counts of all clients.
+        k: clients to draw, ``1 ≤ k ≤ N``.
+        rng: the round's generator.
+        proportional: ∝ n_k if true, uniform otherwise.
+
+    Returns:
+        ``[k]`` sorted client indices.
+
+    >>> sample_clients(np.array([5, 5, 5]), 3, np.random.default_rng(0)).tolist()
+    [0, 1, 2]
+    """
+    p = num_samples / num_samples.sum() if proportional else None
+    return np.sort(rng.choice(len(num_samples), size=k, replace=False, p=p))
+
+
+def straggler_plan(
+    k: int, fraction: float, local_epochs: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Plans the local workload of ``k`` sampled clients, a fraction δ of them stragglers (spec D4).
+
+    ``k − round(k·(1 − δ))`` clients, chosen uniformly, are stragglers, as in FedProx's simulation.
+    A straggler manages only F' ~ UniformInt{1, …, F−1} epochs. F' = 0 is excluded on purpose: a
+    client returning the received model unchanged would get the largest prototype margin. With F = 1
+    there is no shorter workload, and a tolerated straggler runs the one epoch.
+
+    Args:
+        k: number of sampled clients.
+        fraction: δ ∈ [0, 1].
+        local_epochs: F ≥ 1.
+        rng: the round's generator.
+
+    Returns:
+        ``([k] bool straggler mask, [k] int epochs)`` in the order of the sampled clients.
+
+    >>> mask, epochs = straggler_plan(10, 0.5, 20, np.random.default_rng(0))
+    >>> int(mask.sum()), bool((epochs[mask] < 20).all()), bool((epochs[~mask] == 20).all())
+    (5, True, True)
+    """
+    num_active = round(k * (1.0 - fraction))
+    mask = np.zeros(k, dtype=bool)
+    mask[rng.choice(k, size=k - num_active, replace=False)] = True
+    epochs = np.full(k, local_epochs, dtype=np.int64)
+    if local_epochs > 1:
+        epochs[mask] = rng.integers(1, local_epochs, size=int(mask.sum()))
+    return mask, epochs

@@ -1,0 +1,537 @@
+"""``FederatedTrainer``: the round loop on Fabric.
+
+One round, as :meth:`FederatedTrainer._run_round` reads top to bottom::
+
+    plan       sample K^t (strategy), mark the δ-fraction of stragglers, drop or keep them
+    local fit  on each rank, its share of the clients, one after another, on one resident module
+    aggregate  weighted sum of the states as they finish → one all-reduce → strategy's server update
+    evaluate   every ``eval_every`` rounds: the clients' held-out splits and the global test set
+    log        metrics.csv and W&B, the round as the step
+    checkpoint every ``checkpoint_every`` rounds and at the end, atomically
+
+Randomness is derived, never carried: the round's sampling draws from a generator seeded by
+``(seed, round)`` and each client's shuffling and dropout from ``(seed, round, client)``. Results
+therefore do not depend on the order in which clients run or on how many processes run them, and a
+resumed run needs only the round number to continue exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from lightning.fabric import Fabric
+from tqdm.auto import tqdm
+
+from fedlight import checkpoint as ckpt_io
+from fedlight.clients.base import FederatedClient
+from fedlight.data.datamodule import FederatedDataModule
+from fedlight.distributed import ClientParallelStrategy, assign_clients
+from fedlight.errors import ConfigError
+from fedlight.loggers import RoundCSV, finite_metrics, format_postfix, wandb_logger
+from fedlight.state import FlatState
+from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
+from fedlight.strategies.functional import straggler_plan
+
+log = logging.getLogger(__name__)
+
+Precision = Literal["32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true"]
+LoggerName = Literal["csv", "wandb"]
+
+# Stream tags of the seed sequences, so that round-level and client-level draws never coincide.
+_ROUND_STREAM, _CLIENT_STREAM = 0, 1
+
+
+class FederatedTrainer:
+    """Runs federated rounds of a client module under a strategy.
+
+    Args:
+        rounds: number of communication rounds T.
+        clients_per_round: clients sampled each round, K' (10 in the papers).
+        local_epochs: local epochs F of a client that is not a straggler.
+        straggler_fraction: δ ∈ [0, 1], the share of each round's clients that can only do
+            F' ~ UniformInt{1, …, F−1} epochs; the strategy drops or tolerates them.
+        eval_every: evaluate the global model every this many rounds (and after the last one).
+        checkpoint_every: write ``checkpoints/last.ckpt`` every this many rounds (and after the last one).
+        accelerator: Fabric accelerator: ``cpu``, ``cuda``, ``mps`` or ``auto``.
+        devices: processes per node; with more than one, each round's clients are spread over them
+            (greedy by size) and aggregated with one all-reduce.
+        num_nodes: number of nodes (launch with ``torchrun`` or SLURM as for any Fabric program).
+        precision: Fabric precision applied inside each local step (``bf16-mixed`` autocasts the
+            client's forward pass); the global model and aggregation stay in fp32.
+        default_root_dir: where runs go: ``<default_root_dir>/<name>/version_<n>/``.
+        name: the experiment's folder name and W&B run name (the command line uses the config file's name).
+        logger: where per-round metrics go besides the progress bar: ``csv`` (``metrics.csv``) and/or
+            ``wandb``.
+        wandb_project: W&B project.
+        wandb_mode: ``offline`` needs no account or network (upload later with ``wandb sync``).
+        enable_progress_bar: show progress over rounds and over the clients of a round.
+        callbacks: round callbacks; any of ``on_fit_start(trainer)``, ``on_round_end(trainer, round,
+            metrics)`` and ``on_fit_end(trainer)`` they define is called.
+    """
+
+    def __init__(
+        self,
+        rounds: int = 200,
+        clients_per_round: int = 10,
+        local_epochs: int = 20,
+        straggler_fraction: float = 0.0,
+        eval_every: int = 1,
+        checkpoint_every: int = 10,
+        accelerator: str = "cpu",
+        devices: int = 1,
+        num_nodes: int = 1,
+        precision: Precision = "32-true",
+        default_root_dir: str | Path = "runs",
+        name: str = "fedlight",
+        logger: list[LoggerName] | LoggerName | None = ("csv", "wandb"),
+        wandb_project: str = "fedlight",
+        wandb_mode: Literal["offline", "online", "disabled"] = "offline",
+        enable_progress_bar: bool = True,
+        callbacks: list[Any] | None = None,
+    ) -> None:
+        problems = []
+        for flag, value in [
+            ("rounds", rounds),
+            ("clients_per_round", clients_per_round),
+            ("local_epochs", local_epochs),
+            ("eval_every", eval_every),
+            ("checkpoint_every", checkpoint_every),
+            ("devices", devices),
+            ("num_nodes", num_nodes),
+        ]:
+            if value < 1:
+                problems.append(f"Expected --trainer.{flag} ≥ 1, got {value}.")
+        if not 0.0 <= straggler_fraction <= 1.0:
+            problems.append(
+                f"Expected --trainer.straggler_fraction (δ) in [0, 1], got {straggler_fraction}. "
+                "It is a share of each round's clients: 0.5 means half of them are stragglers."
+            )
+        if problems:
+            raise ConfigError(*problems)
+        self.rounds = rounds
+        self.clients_per_round = clients_per_round
+        self.local_epochs = local_epochs
+        self.straggler_fraction = straggler_fraction
+        self.eval_every = eval_every
+        self.checkpoint_every = checkpoint_every
+        self.default_root_dir = Path(default_root_dir)
+        self.name = name
+        self.loggers = [logger] if isinstance(logger, str) else list(logger or [])
+        self.wandb_project = wandb_project
+        self.wandb_mode = wandb_mode
+        self.enable_progress_bar = enable_progress_bar
+        # The command line seeds everything before instantiating anything; PL_GLOBAL_SEED is that seed.
+        self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        strategy = "auto" if devices * num_nodes == 1 else ClientParallelStrategy(start_method="popen")
+        self.fabric = Fabric(
+            accelerator=accelerator,
+            devices=devices,
+            num_nodes=num_nodes,
+            precision=precision,
+            strategy=strategy,
+            callbacks=callbacks,
+        )
+        self.run_dir: Path | None = None
+        self.history: list[dict[str, float]] = []
+        self.round = 0
+
+    # -- public entry points ----------------------------------------------------------------------
+    def fit(
+        self,
+        model: FederatedClient,
+        datamodule: FederatedDataModule,
+        strategy: Strategy,
+        ckpt_path: str | Path | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> dict[str, float]:
+        """Trains for ``rounds`` rounds, or continues the run saved at ``ckpt_path``.
+
+        Args:
+            model: the client module; its current weights are the initial global model W^0.
+            datamodule: the federated data.
+            strategy: the aggregation rule.
+            ckpt_path: a ``last.ckpt`` to resume from; the run continues in that checkpoint's run directory.
+            config: the resolved configuration, saved with checkpoints and sent to the loggers.
+
+        Returns:
+            The last round's metrics.
+        """
+        self._setup(model, datamodule, strategy, ckpt_path, config)
+        fabric = self.fabric
+        fabric.call("on_fit_start", trainer=self)
+        self.strategy.on_fit_start(self)
+        bar = tqdm(
+            total=self.rounds,
+            initial=self.round,
+            desc="rounds",
+            unit="round",
+            dynamic_ncols=True,
+            disable=not self.enable_progress_bar or fabric.global_rank != 0,
+        )
+        metrics: dict[str, float] = self.history[-1] if self.history else {}
+        for round_idx in range(self.round, self.rounds):
+            started = time.perf_counter()
+            metrics = {"round": float(round_idx), **self._run_round(round_idx)}
+            last = round_idx == self.rounds - 1
+            if (round_idx + 1) % self.eval_every == 0 or last:
+                metrics.update(self._evaluate(clients=True, test=True))
+            metrics["round/time_s"] = time.perf_counter() - started
+            self.round = round_idx + 1
+            self._log(metrics)
+            fabric.call("on_round_end", trainer=self, round_idx=round_idx, metrics=metrics)
+            if self.round % self.checkpoint_every == 0 or last:
+                self.save_checkpoint(self.run_dir / "checkpoints" / "last.ckpt")
+            bar.set_postfix(format_postfix(metrics, {"test_acc": "test/acc", "train_loss": "train/loss"}))
+            bar.update(1)
+        bar.close()
+        fabric.call("on_fit_end", trainer=self)
+        self._finish_loggers()
+        return metrics
+
+    def validate(
+        self,
+        model: FederatedClient,
+        datamodule: FederatedDataModule,
+        strategy: Strategy,
+        ckpt_path: str | Path | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> dict[str, float]:
+        """Evaluates the global model (of ``ckpt_path`` if given) on every client's held-out split."""
+        self._setup(model, datamodule, strategy, ckpt_path, config, logging=False)
+        return self._report(self._evaluate(clients=True, test=False))
+
+    def test(
+        self,
+        model: FederatedClient,
+        datamodule: FederatedDataModule,
+        strategy: Strategy,
+        ckpt_path: str | Path | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> dict[str, float]:
+        """Evaluates the global model (of ``ckpt_path`` if given) on the global test set."""
+        self._setup(model, datamodule, strategy, ckpt_path, config, logging=False)
+        return self._report(self._evaluate(clients=False, test=True))
+
+    # -- set-up ------------------------------------------------------------------------------------
+    def _setup(
+        self,
+        model: FederatedClient,
+        datamodule: FederatedDataModule,
+        strategy: Strategy,
+        ckpt_path: str | Path | None,
+        config: dict[str, Any] | None,
+        logging: bool = True,
+    ) -> None:
+        fabric = self.fabric
+        fabric.launch()
+        datamodule.setup()
+        if self.clients_per_round > datamodule.num_clients:
+            raise ConfigError(
+                f"--trainer.clients_per_round={self.clients_per_round} exceeds the {datamodule.num_clients} "
+                "clients of the partition. Lower it, or raise the number of clients of --data."
+            )
+        self.datamodule = datamodule.to(fabric.device)
+        self.strategy = strategy
+        self.config = config
+        self.precision = fabric.strategy.precision
+        self.module = self.precision.convert_module(model).to(fabric.device)
+        self.layout = FlatState(self.module)
+        # W^t: fp32 whatever the compute precision, on the training device.
+        self.global_state = self.layout.flatten(self.module).to(fabric.device)
+        self.global_integers = self.layout.integers(self.module)
+        self.wandb_id = uuid.uuid4().hex[:8]
+        self.round, self.history = 0, []
+        if ckpt_path is not None:
+            self._restore(ckpt_io.load(ckpt_path))
+            run_dir = Path(ckpt_path).resolve().parent.parent
+        else:
+            run_dir = self._new_run_dir() if logging else None
+        self.run_dir = fabric.broadcast(run_dir)
+        self.wandb_id = fabric.broadcast(self.wandb_id)
+        if logging:
+            self._setup_loggers()
+
+    def _new_run_dir(self) -> Path | None:
+        if self.fabric.global_rank != 0:
+            return None
+        parent = self.default_root_dir / self.name
+        parent.mkdir(parents=True, exist_ok=True)
+        versions = [int(p.name.split("_")[1]) for p in parent.glob("version_*") if p.name.split("_")[1].isdigit()]
+        run_dir = parent / f"version_{max(versions, default=-1) + 1}"
+        run_dir.mkdir()
+        return run_dir
+
+    def _setup_loggers(self) -> None:
+        self._csv = None
+        self._wandb = None
+        if self.fabric.global_rank != 0:
+            return
+        if self.config is not None:
+            import yaml
+
+            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.config, sort_keys=False))
+        if "csv" in self.loggers:
+            self._csv = RoundCSV(self.run_dir / "metrics.csv", self.history)
+        if "wandb" in self.loggers:
+            self._wandb = wandb_logger(
+                self.run_dir, self.wandb_project, self.name, self.wandb_id, self.wandb_mode, self.config
+            )
+
+    # -- one round -----------------------------------------------------------------------------------
+    def _run_round(self, round_idx: int) -> dict[str, float]:
+        fabric, strategy, data = self.fabric, self.strategy, self.datamodule
+        rng = self.round_rng(round_idx)
+        clients = strategy.sample_clients(data.num_samples, self.clients_per_round, rng)
+        stragglers, epochs = straggler_plan(len(clients), self.straggler_fraction, self.local_epochs, rng)
+        plans = [
+            ClientPlan(int(c), int(e), bool(s), dropped=bool(s) and not strategy.tolerate_stragglers)
+            for c, e, s in zip(clients, epochs, stragglers, strict=True)
+        ]
+        strategy.on_round_start(self, round_idx, plans)
+
+        training = [p for p in plans if not p.dropped]
+        costs = [float(data.num_samples[p.client] * p.epochs) for p in training]
+        mine = [training[i] for i in assign_clients(costs, fabric.world_size)[fabric.global_rank]]
+
+        channels = strategy.weight_channels
+        weighted_sum = torch.zeros(channels, self.layout.numel, device=fabric.device)  # Σ_k w_kj θ_k, [m, P]
+        weight_total = torch.zeros(channels, device=fabric.device)  # Σ_k w_kj, [m]
+        integers: dict[str, torch.Tensor] = {}  # the largest value of each integer buffer among clients
+        states: dict[int, torch.Tensor] = {}  # only for rules that need every state
+        updates = []
+        for plan in tqdm(mine, desc=f"round {round_idx}", unit="client", leave=False, disable=self._quiet()):
+            update, state = self._fit_client(round_idx, plan)
+            updates.append(update)
+            if not update.finite:
+                warnings.warn(
+                    f"Client {update.client} returned a state with NaN/Inf in round {round_idx}; it is left out "
+                    "of the aggregate. Lower the learning rate if this repeats.",
+                    stacklevel=1,
+                )
+                continue
+            update.weights = tuple(float(w) for w in strategy.client_weights(update))
+            weights = torch.tensor(update.weights, device=fabric.device)
+            weighted_sum.addmm_(weights[:, None], state[None, :])
+            weight_total += weights
+            _merge_max(integers, self.layout.integers(self.module))
+            if strategy.gather_states:
+                states[update.client] = state.cpu()
+
+        if fabric.world_size > 1:
+            packed = fabric.all_reduce(torch.cat([weighted_sum.reshape(-1), weight_total]), reduce_op="sum")
+            weighted_sum = packed[: weighted_sum.numel()].view_as(weighted_sum)
+            weight_total = packed[weighted_sum.numel() :]
+            updates = [u for rank_updates in self._all_gather_objects(updates) for u in rank_updates]
+            for rank_integers in self._all_gather_objects(integers):
+                _merge_max(integers, rank_integers)
+            if strategy.gather_states:
+                states = {c: s for rank_states in self._all_gather_objects(states) for c, s in rank_states.items()}
+        updates.sort(key=lambda u: u.client)
+        aggregated = [u for u in updates if u.finite]
+
+        if not aggregated:
+            warnings.warn(
+                f"No client state was aggregated in round {round_idx}; the global model stays as it was.",
+                stacklevel=1,
+            )
+        elif strategy.gather_states:
+            stacked = torch.stack([states[u.client] for u in aggregated]).to(fabric.device)  # [K, P]
+            self.global_state = strategy.aggregate_states(self.global_state, stacked, aggregated)
+        else:
+            assert bool((weight_total > 0).all()), f"aggregation weights sum to {weight_total.tolist()}"
+            coefficients = torch.tensor(strategy.channel_coefficients(), device=fabric.device)
+            aggregate = (coefficients / weight_total) @ weighted_sum  # Σ_j c_j S_j / Z_j, [P]
+            self.global_state = strategy.server_update(self.global_state, aggregate, aggregated)
+        self.global_integers.update(integers)
+        assert bool(torch.isfinite(self.global_state).all()), f"the global model became non-finite in round {round_idx}"
+
+        metrics = {
+            "round/clients_sampled": float(len(plans)),
+            "round/clients_aggregated": float(len(aggregated)),
+            "round/clients_dropped": float(sum(p.dropped for p in plans)),
+            "round/clients_nonfinite": float(len(updates) - len(aggregated)),
+        }
+        if aggregated:
+            sizes = np.array([u.num_samples for u in aggregated], dtype=np.float64)
+            losses = np.array([u.train_loss for u in aggregated])
+            metrics["train/loss"] = float((sizes * losses).sum() / sizes.sum())
+        metrics.update(strategy.on_round_end(self, round_idx, aggregated))
+        return metrics
+
+    def _fit_client(self, round_idx: int, plan: ClientPlan) -> tuple[ClientUpdate, torch.Tensor]:
+        """Local training of one client on the resident module; returns its update and flat state."""
+        module, precision, strategy = self.module, self.precision, self.strategy
+        seed = self.client_seed(round_idx, plan.client)
+        torch.manual_seed(seed)  # dropout and any other draw inside the step
+        generator = torch.Generator().manual_seed(seed)  # batch order
+
+        self.layout.load(module, strategy.initial_state(self, plan, self.global_state), self.global_integers)
+        module.train()
+        optimizer = module.configure_optimizers()
+        strategy.on_client_fit_start(self, module, plan)
+        loss_sum = torch.zeros((), device=self.fabric.device)
+        steps = 0
+        for _ in range(plan.epochs):
+            for batch in self.datamodule.train_batches(plan.client, generator):
+                batch = precision.convert_input(batch)
+                with precision.forward_context():
+                    outputs = module.training_step(batch, steps)
+                    loss = strategy.training_loss(module, batch, outputs)
+                optimizer.zero_grad(set_to_none=True)
+                self.fabric.strategy.backward(loss, module)
+                precision.optimizer_step(optimizer)
+                loss_sum += loss.detach().float()
+                steps += 1
+        update = ClientUpdate(
+            client=plan.client,
+            num_samples=int(self.datamodule.num_samples[plan.client]),
+            epochs=plan.epochs,
+            num_steps=steps,
+            train_loss=loss_sum.item() / max(steps, 1),
+        )
+        strategy.on_client_fit_end(self, module, update)
+        state = self.layout.flatten(module)
+        update.finite = math.isfinite(update.train_loss) and bool(torch.isfinite(state).all())
+        return update, state
+
+    # -- evaluation ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _evaluate(self, clients: bool, test: bool) -> dict[str, float]:
+        """Evaluates W^t on the clients' held-out splits and/or the global test set.
+
+        Batches are spread over ranks and the metric states are summed, so every rank gets the same
+        numbers. When the dataset has no separate test set, the global test set is the union of the
+        held-out splits and one pass serves both.
+        """
+        data, module = self.datamodule, self.module
+        self.layout.load(module, self.global_state, self.global_integers)
+        module.eval()
+        metrics: dict[str, float] = {}
+        shared_pass = data.test is None
+        if clients or (test and shared_pass):
+            result = self._evaluation_pass(data.held_out_batches(), data.num_clients)
+            if clients:
+                metrics.update({f"clients/{k}": v for k, v in result.items()})
+            if test and shared_pass:
+                metrics.update({"test/acc": result["acc"], "test/loss": result["loss"]})
+        if test and not shared_pass:
+            result = self._evaluation_pass(data.test_batches(), 1)
+            metrics.update({f"test/{k}": v for k, v in result.items() if k in ("acc", "loss")})
+        return metrics
+
+    def _evaluation_pass(self, batches, num_groups: int) -> dict[str, float]:
+        fabric, module, precision = self.fabric, self.module, self.precision
+        metric = module.evaluation_metric(num_groups).to(fabric.device)
+        for batch_idx, batch in enumerate(batches):
+            if batch_idx % fabric.world_size != fabric.global_rank:
+                continue
+            with precision.forward_context():
+                metric.update(**module.validation_step(precision.convert_input(batch), batch_idx))
+        return finite_metrics(metric.compute())
+
+    # -- randomness ----------------------------------------------------------------------------------
+    def round_rng(self, round_idx: int) -> np.random.Generator:
+        """The generator of round ``round_idx``'s server-side draws (sampling, stragglers)."""
+        return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(_ROUND_STREAM, round_idx)))
+
+    def client_seed(self, round_idx: int, client: int) -> int:
+        """The seed of client ``client``'s stream in round ``round_idx``."""
+        sequence = np.random.SeedSequence(self.seed, spawn_key=(_CLIENT_STREAM, round_idx, client))
+        return int(sequence.generate_state(1, dtype=np.uint64)[0] >> 1)
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def save_checkpoint(self, path: str | Path) -> None:
+        """Writes the whole run state atomically (rank 0 only)."""
+        if self.fabric.global_rank == 0:
+            ckpt_io.save_atomic(self._run_state(), path)
+        self.fabric.barrier()
+
+    def _run_state(self) -> dict[str, Any]:
+        return {
+            "format": ckpt_io.FORMAT,
+            "round": self.round,
+            "seed": self.seed,
+            "global_state": self.layout.to_state_dict(self.global_state, self.global_integers),
+            "strategy": {"class": type(self.strategy).__qualname__, "state": self.strategy.state_dict()},
+            "torch_rng": torch.get_rng_state(),
+            "history": self.history,
+            "wandb_id": self.wandb_id,
+            "num_samples": self.datamodule.num_samples.tolist(),
+            "config": self.config,
+        }
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        problems = []
+        saved_layout = [(name, tuple(t.shape)) for name, t in state["global_state"].items() if t.is_floating_point()]
+        if saved_layout != self.layout.signature():
+            problems.append("its model has different parameters (names or shapes) than --model")
+        if state["num_samples"] != self.datamodule.num_samples.tolist():
+            problems.append("its clients' sample counts differ from this --data partition")
+        strategy_class = type(self.strategy).__qualname__
+        if state["strategy"]["class"] != strategy_class:
+            problems.append(f"it was trained with strategy {state['strategy']['class']}, not {strategy_class}")
+        if state["seed"] != self.seed:
+            problems.append(f"it was trained with seed_everything={state['seed']}, not {self.seed}")
+        if state["config"] is not None and self.config is not None:
+            problems += ckpt_io.config_differences(state["config"], self.config)
+        if problems:
+            raise ConfigError(
+                "The checkpoint passed as --ckpt_path belongs to another configuration:",
+                *(f"  - {p}" for p in problems),
+                "Resume with the configuration that wrote it (its run directory holds config.yaml); only "
+                "trainer.rounds, logging, evaluation/checkpoint cadence and devices may change.",
+            )
+        self.global_state, self.global_integers = self.layout.from_state_dict(state["global_state"])
+        self.global_state = self.global_state.to(self.fabric.device)
+        self.strategy.load_state_dict(state["strategy"]["state"])
+        torch.set_rng_state(state["torch_rng"])
+        self.round = int(state["round"])
+        self.history = list(state["history"])
+        self.wandb_id = state["wandb_id"]
+
+    # -- logging ------------------------------------------------------------------------------------
+    def _log(self, metrics: dict[str, float]) -> None:
+        self.history.append(metrics)
+        if self.fabric.global_rank != 0:
+            return
+        if self._csv is not None:
+            self._csv.log(metrics)
+        if self._wandb is not None:
+            self._wandb.log_metrics({k: v for k, v in metrics.items() if k != "round"}, step=int(metrics["round"]))
+
+    def _finish_loggers(self) -> None:
+        if getattr(self, "_wandb", None) is not None:
+            self._wandb.finalize("success")
+            import wandb
+
+            wandb.finish()
+
+    def _report(self, metrics: dict[str, float]) -> dict[str, float]:
+        if self.fabric.global_rank == 0:
+            width = max(map(len, metrics), default=0)
+            for key, value in metrics.items():
+                print(f"{key:<{width}}  {value:.6g}")
+        return metrics
+
+    def _quiet(self) -> bool:
+        return not self.enable_progress_bar or self.fabric.global_rank != 0
+
+    def _all_gather_objects(self, obj: Any) -> list[Any]:
+        gathered: list[Any] = [None] * self.fabric.world_size
+        torch.distributed.all_gather_object(gathered, obj)
+        return gathered
+
+
+def _merge_max(into: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> None:
+    """Keeps, for every integer buffer, the largest value seen (``num_batches_tracked`` is copied, not averaged)."""
+    for name, value in new.items():
+        into[name] = torch.maximum(into[name], value) if name in into else value

@@ -1,0 +1,137 @@
+"""The ``fedlight`` command, run in-process (importing the package once is the slow part)."""
+
+import csv
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedlight.cli import build_parser, main, run
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((REPO / "conf").rglob("*.yaml"))
+SYNTHETIC = str(REPO / "conf/fedproto/synthetic/fedavg_delta0.yaml")
+QUICK = ["--trainer.local_epochs=1", "--trainer.clients_per_round=3", "--trainer.enable_progress_bar=false"]
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in CONFIGS if "sweeps" not in p.parts], ids=lambda p: str(p.relative_to(REPO))
+)
+def test_every_config_parses_and_instantiates(path):
+    parser = build_parser()
+    cfg = parser.parse_args(["fit", "--config", str(path)])
+    objects = parser.instantiate(cfg).fit
+    assert objects.trainer.rounds >= 1
+    assert objects.model.net is not None
+
+
+def test_print_config_applies_overrides_after_the_config(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run(["fit", "--config", SYNTHETIC, "--trainer.rounds=7", "--print_config"])
+    assert exit_info.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["trainer"]["rounds"] == 7
+    assert printed["trainer"]["local_epochs"] == 20  # from the base file
+    assert printed["strategy"]["class_path"] == "fedlight.strategies.FedAvg"
+
+
+def test_later_config_files_override_earlier_ones(tmp_path, capsys):
+    override = tmp_path / "override.yaml"
+    override.write_text("trainer:\n  local_epochs: 3\n")
+    with pytest.raises(SystemExit):
+        run(["fit", "--config", SYNTHETIC, "--config", str(override), "--print_config"])
+    assert yaml.safe_load(capsys.readouterr().out)["trainer"]["local_epochs"] == 3
+
+
+def test_help_documents_every_trainer_argument(capsys):
+    with pytest.raises(SystemExit):
+        run(["fit", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # undo the line wrapping
+    for flag, doc in [
+        ("--trainer.clients_per_round", "clients sampled each round"),
+        ("--trainer.straggler_fraction", "the share of each round's clients"),
+        ("--data.test_fraction", "held out"),
+        ("--ckpt_path", "resumes"),
+    ]:
+        assert flag in text and doc in text
+
+
+def test_fit_then_validate_and_test_a_checkpoint(tmp_path, capsys):
+    root = str(tmp_path)
+    metrics = run(
+        [
+            "fit",
+            "--config",
+            SYNTHETIC,
+            "--trainer.rounds=2",
+            "--trainer.logger=csv",
+            f"--trainer.default_root_dir={root}",
+            *QUICK,
+        ]
+    )
+    run_dir = tmp_path / "fedavg_delta0" / "version_0"
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 and float(rows[-1]["test/acc"]) == pytest.approx(metrics["test/acc"])
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["trainer"]["rounds"] == 2 and saved["seed_everything"] == 0
+
+    ckpt = str(run_dir / "checkpoints" / "last.ckpt")
+    validated = run(["validate", "--config", SYNTHETIC, "--ckpt_path", ckpt, *QUICK])
+    tested = run(["test", "--config", SYNTHETIC, "--ckpt_path", ckpt, *QUICK])
+    assert validated["clients/acc"] == pytest.approx(metrics["clients/acc"])
+    assert tested["test/acc"] == pytest.approx(metrics["test/acc"])
+    assert "clients/acc" in capsys.readouterr().out
+
+
+def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path):
+    args = ["fit", "--config", SYNTHETIC, "--trainer.rounds=1", "--trainer.logger=csv", *QUICK]
+    first = run([*args, f"--trainer.default_root_dir={tmp_path / 'a'}"])
+    again = run([*args, f"--trainer.default_root_dir={tmp_path / 'b'}"])
+    other = run([*args, f"--trainer.default_root_dir={tmp_path / 'c'}", "--seed_everything=1"])
+    assert first["train/loss"] == again["train/loss"] != other["train/loss"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--trainer.local_epochs=0"], "--trainer.local_epochs ≥ 1, got 0"),
+        (["--trainer.straggler_fraction=1.5"], "--trainer.straggler_fraction (δ) in [0, 1], got 1.5"),
+        (["--trainer.clients_per_round=31"], "--trainer.clients_per_round=31 exceeds the 30 clients"),
+        (["--model.init_args.model=resnet999"], "Unknown model 'resnet999' (--model.init_args.model)"),
+        (
+            ["--data.dataset=fedlight.data.NpzDataset", "--data.dataset.init_args.path=/nonexistent/x.npz"],
+            "--data.dataset.init_args.path=/nonexistent/x.npz does not exist",
+        ),
+        (
+            ["--data.partitioner=fedlight.data.partition.Dirichlet", "--data.partitioner.init_args.alpha=0"],
+            "--data.partitioner.init_args.alpha",
+        ),
+        (["--ckpt_path=/nonexistent/last.ckpt"], "--ckpt_path /nonexistent/last.ckpt does not exist"),
+    ],
+)
+def test_bad_input_ends_in_one_message_naming_the_flag(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "fit",
+                "--config",
+                SYNTHETIC,
+                "--trainer.logger=csv",
+                f"--trainer.default_root_dir={tmp_path}",
+                "--trainer.rounds=1",
+                *QUICK,
+                *flags,
+            ]
+        )
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_unknown_strategy_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", SYNTHETIC, "--strategy=fedlight.strategies.NoSuchRule"])
+    assert exit_info.value.code == 2
+    assert "strategy" in capsys.readouterr().err

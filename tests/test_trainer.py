@@ -1,0 +1,213 @@
+import csv
+import pickle
+
+import pytest
+import torch
+
+from fedlight import checkpoint as ckpt_io
+from fedlight.clients import ClassificationClient
+from fedlight.data import FederatedDataModule, Synthetic
+from fedlight.errors import ConfigError
+from fedlight.strategies import FedAvg
+from fedlight.trainer import FederatedTrainer
+
+
+def synthetic_data():
+    return FederatedDataModule(Synthetic(num_clients=8, dim=12, seed=1), batch_size=10)
+
+
+def make_trainer(tmp_path, rounds=4, callbacks=None, **kwargs):
+    settings = {"clients_per_round": 4, "local_epochs": 2, "straggler_fraction": 0.5, "checkpoint_every": 2}
+    settings.update(kwargs)
+    return FederatedTrainer(
+        rounds=rounds,
+        default_root_dir=tmp_path,
+        logger="csv",
+        enable_progress_bar=False,
+        callbacks=callbacks,
+        **settings,
+    )
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return ClassificationClient(num_classes=10, input_shape=(12,), model="mlp", model_kwargs={"hidden": [16]})
+
+
+def read_metrics(run_dir):
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        row.pop("round/time_s")
+    return rows
+
+
+class Kill(Exception):
+    pass
+
+
+class KillAfterRound:
+    """Stops the run once round ``round_idx`` is logged, before its checkpoint would be written."""
+
+    def __init__(self, round_idx):
+        self.round_idx = round_idx
+
+    def on_round_end(self, trainer, round_idx, metrics):
+        if round_idx == self.round_idx:
+            raise Kill
+
+
+class KillInsideRound(FedAvg):
+    """Stops the run in the middle of round ``round_idx``, after one client trained."""
+
+    def __init__(self, round_idx):
+        super().__init__()
+        self.round_idx = round_idx
+        self.round = -1
+
+    def on_round_start(self, trainer, round_idx, plans):
+        self.round = round_idx
+
+    def on_client_fit_end(self, trainer, module, update):
+        if self.round == self.round_idx:
+            raise Kill
+
+
+@pytest.mark.parametrize("killer", ["after_round_2", "inside_round_3"])
+def test_killed_and_resumed_run_ends_with_the_same_metrics(tmp_path, killer):
+    reference = make_trainer(tmp_path / "reference")
+    reference.fit(make_model(), synthetic_data(), FedAvg())
+
+    if killer == "after_round_2":
+        callbacks, strategy, resumed_strategy = [KillAfterRound(2)], FedAvg(), FedAvg()
+    else:
+        callbacks, strategy, resumed_strategy = [], KillInsideRound(3), KillInsideRound(-1)
+    killed = make_trainer(tmp_path / "killed", callbacks=callbacks)
+    with pytest.raises(Kill):
+        killed.fit(make_model(), synthetic_data(), strategy)
+    # The resumed process starts from another initial model: everything must come from the checkpoint.
+    resumed = make_trainer(tmp_path / "killed")
+    resumed.fit(
+        make_model(seed=123),
+        synthetic_data(),
+        resumed_strategy,
+        ckpt_path=killed.run_dir / "checkpoints" / "last.ckpt",
+    )
+
+    assert resumed.run_dir == killed.run_dir
+    assert read_metrics(resumed.run_dir) == read_metrics(reference.run_dir)
+    torch.testing.assert_close(resumed.global_state, reference.global_state, rtol=0, atol=0)
+
+
+def test_resume_with_more_rounds_continues_the_run(tmp_path):
+    short = make_trainer(tmp_path, rounds=2)
+    short.fit(make_model(), synthetic_data(), FedAvg())
+    longer = make_trainer(tmp_path, rounds=4)
+    longer.fit(make_model(), synthetic_data(), FedAvg(), ckpt_path=short.run_dir / "checkpoints" / "last.ckpt")
+    reference = make_trainer(tmp_path / "ref", rounds=4)
+    reference.fit(make_model(), synthetic_data(), FedAvg())
+    assert [r["round"] for r in read_metrics(longer.run_dir)] == ["0.0", "1.0", "2.0", "3.0"]
+    torch.testing.assert_close(longer.global_state, reference.global_state, rtol=0, atol=0)
+
+
+def test_checkpoint_of_another_model_is_refused(tmp_path):
+    trainer = make_trainer(tmp_path, rounds=1)
+    trainer.fit(make_model(), synthetic_data(), FedAvg())
+    other = ClassificationClient(num_classes=10, input_shape=(12,), model="mlp", model_kwargs={"hidden": [32]})
+    with pytest.raises(ConfigError, match="different parameters"):
+        make_trainer(tmp_path, rounds=2).fit(
+            other, synthetic_data(), FedAvg(), ckpt_path=trainer.run_dir / "checkpoints" / "last.ckpt"
+        )
+
+
+def test_checkpoint_of_another_config_names_the_differences(tmp_path):
+    config = {"trainer": {"rounds": 1, "local_epochs": 2}, "data": {"batch_size": 10}}
+    trainer = make_trainer(tmp_path, rounds=1)
+    trainer.fit(make_model(), synthetic_data(), FedAvg(), config=config)
+    changed = {"trainer": {"rounds": 5, "local_epochs": 3}, "data": {"batch_size": 10}}
+    with pytest.raises(ConfigError, match=r"trainer.local_epochs: 2 in the checkpoint, 3 now") as err:
+        make_trainer(tmp_path, rounds=5).fit(
+            make_model(),
+            synthetic_data(),
+            FedAvg(),
+            ckpt_path=trainer.run_dir / "checkpoints" / "last.ckpt",
+            config=changed,
+        )
+    assert "trainer.rounds:" not in str(err.value)
+
+
+def test_missing_checkpoint_names_the_flag(tmp_path):
+    with pytest.raises(ConfigError, match=r"--ckpt_path .*does not exist"):
+        make_trainer(tmp_path).fit(make_model(), synthetic_data(), FedAvg(), ckpt_path=tmp_path / "nope.ckpt")
+
+
+class _Payload:
+    def __reduce__(self):
+        return (open, ("/tmp/fedlight-pwned", "w"))
+
+
+def test_loading_a_checkpoint_never_executes_code_from_it(tmp_path):
+    path = tmp_path / "evil.ckpt"
+    with open(path, "wb") as f:
+        pickle.dump({"format": ckpt_io.FORMAT, "x": _Payload()}, f)
+    with pytest.raises(ConfigError, match="not a readable fedlight checkpoint"):
+        ckpt_io.load(path)
+    assert not (tmp_path / "fedlight-pwned").exists()
+
+
+def test_checkpoints_are_written_atomically(tmp_path, monkeypatch):
+    path = tmp_path / "last.ckpt"
+    ckpt_io.save_atomic({"format": ckpt_io.FORMAT, "round": 1}, path)
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError):
+        ckpt_io.save_atomic({"format": ckpt_io.FORMAT, "round": 2}, path)
+    assert ckpt_io.load(path)["round"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+class DtypeRecorder(ClassificationClient):
+    def training_step(self, batch, batch_idx):
+        outputs = super().training_step(batch, batch_idx)
+        self.seen = (outputs["logits"].dtype, self.net.head.weight.dtype)
+        return outputs
+
+
+@pytest.mark.parametrize(("precision", "compute"), [("bf16-mixed", torch.bfloat16), ("32-true", torch.float32)])
+def test_precision_applies_inside_the_client_step(tmp_path, precision, compute):
+    torch.manual_seed(0)
+    model = DtypeRecorder(num_classes=10, input_shape=(12,), model="mlp", model_kwargs={"hidden": [16]})
+    trainer = make_trainer(tmp_path, rounds=1, precision=precision, straggler_fraction=0.0)
+    trainer.fit(model, synthetic_data(), FedAvg())
+    assert model.seen == (compute, torch.float32)  # autocast compute, fp32 master weights
+    assert trainer.global_state.dtype == torch.float32  # the server keeps fp32
+
+
+def test_bad_trainer_settings_are_reported_together():
+    with pytest.raises(ConfigError) as err:
+        FederatedTrainer(rounds=0, local_epochs=0, straggler_fraction=1.5)
+    message = str(err.value)
+    assert "--trainer.rounds ≥ 1, got 0" in message
+    assert "--trainer.local_epochs ≥ 1, got 0" in message
+    assert "--trainer.straggler_fraction (δ) in [0, 1], got 1.5" in message
+
+
+def test_more_clients_per_round_than_clients_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"--trainer.clients_per_round=9 exceeds the 8 clients"):
+        make_trainer(tmp_path, clients_per_round=9).fit(make_model(), synthetic_data(), FedAvg())
+
+
+def test_metrics_csv_has_one_row_per_round_with_the_documented_columns(tmp_path):
+    trainer = make_trainer(tmp_path, rounds=3, eval_every=2)
+    trainer.fit(make_model(), synthetic_data(), FedAvg())
+    rows = read_metrics(trainer.run_dir)
+    assert [r["round"] for r in rows] == ["0.0", "1.0", "2.0"]
+    for key in ["train/loss", "round/clients_aggregated", "round/clients_dropped", "round/clients_nonfinite"]:
+        assert all(r[key] != "" for r in rows)
+    # evaluated at round 1 (every 2) and at the last round only
+    assert [r["test/acc"] != "" for r in rows] == [False, True, True]
+    assert float(rows[-1]["clients/acc"]) == pytest.approx(float(rows[-1]["test/acc"]))
+    assert (trainer.run_dir / "checkpoints" / "last.ckpt").is_file()
