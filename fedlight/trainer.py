@@ -47,7 +47,7 @@ Precision = Literal["32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true",
 LoggerName = Literal["csv", "wandb"]
 
 # Stream tags of the seed sequences, so that round-level and client-level draws never coincide.
-_ROUND_STREAM, _CLIENT_STREAM = 0, 1
+_ROUND_STREAM, _CLIENT_STREAM, _STRATEGY_STREAM = 0, 1, 2
 
 
 class FederatedTrainer:
@@ -442,6 +442,10 @@ class FederatedTrainer:
     def round_rng(self, round_idx: int) -> np.random.Generator:
         """The generator of round ``round_idx``'s server-side draws (sampling, stragglers)."""
         return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(_ROUND_STREAM, round_idx)))
+
+    def strategy_rng(self, round_idx: int) -> np.random.Generator:
+        """A generator for a strategy's own server-side draws in round ``round_idx`` (e.g. FedAtt's noise)."""
+        return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(_STRATEGY_STREAM, round_idx)))
 
     def client_seed(self, round_idx: int, client: int) -> int:
         """The seed of client ``client``'s stream in round ``round_idx``."""

@@ -10,6 +10,7 @@ steps themselves.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Literal
 
 import numpy as np
 import torch
@@ -118,6 +119,22 @@ class FederatedDataModule:
         order = indices[torch.randperm(len(indices), generator=generator).to(indices.device)]
         for start in range(0, len(order), self.batch_size):
             batch = order[start : start + self.batch_size]
+            yield self.pool.inputs[batch], self.pool.targets[batch]
+
+    def client_batches(
+        self, client: int, split: Literal["train", "held_out"] = "train"
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yields client ``client``'s samples of one split in a fixed order, in evaluation-sized batches.
+
+        For passes that read a client's data without training on it: prototypes, saliency weights,
+        gradient dissimilarity.
+        """
+        if split == "train":
+            indices = self.client_train[client]
+        else:
+            indices = self.held_out_index[self.held_out_group == client]
+        for start in range(0, len(indices), self.eval_batch_size):
+            batch = indices[start : start + self.eval_batch_size]
             yield self.pool.inputs[batch], self.pool.targets[batch]
 
     def held_out_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
