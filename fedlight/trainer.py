@@ -248,7 +248,8 @@ class FederatedTrainer:
         # W^t: fp32 whatever the compute precision, on the training device.
         self.global_state = self.layout.flatten(self.module).to(fabric.device)
         self.global_integers = self.layout.integers(self.module)
-        self.wandb_id = uuid.uuid4().hex[:8]
+        # A W&B sweep agent names the run it launched; otherwise the run gets a fresh id.
+        self.wandb_id = os.environ.get("WANDB_RUN_ID") or uuid.uuid4().hex[:8]
         self.round, self.history = 0, []
         if ckpt_path is not None:
             self._restore(ckpt_io.load(ckpt_path))

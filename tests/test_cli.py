@@ -108,6 +108,14 @@ def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path):
             "--data.partitioner.init_args.alpha",
         ),
         (["--ckpt_path=/nonexistent/last.ckpt"], "--ckpt_path /nonexistent/last.ckpt does not exist"),
+        (  # more clients than samples
+            [
+                "--data.partitioner=fedlight.data.partition.Dirichlet",
+                "--data.partitioner.init_args.num_clients=9000",
+                "--data.partitioner.init_args.min_size=0",
+            ],
+            "of 9000 clients empty: there are more clients than samples can fill",
+        ),
     ],
 )
 def test_bad_input_ends_in_one_message_naming_the_flag(tmp_path, capsys, flags, message):
@@ -135,3 +143,16 @@ def test_unknown_strategy_is_a_usage_error(capsys):
         main(["fit", "--config", SYNTHETIC, "--strategy=fedlight.strategies.NoSuchRule"])
     assert exit_info.value.code == 2
     assert "strategy" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "conf" / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
+def test_sweeps_override_their_config_with_valid_flags(path):
+    sweep = yaml.safe_load(path.read_text())
+    command = sweep["command"]
+    assert command[-1] == "${args}", "swept values must come last to override the config"
+    subcommand, config = command[2], command[command.index("--config") + 1]
+    fixed = [arg for arg in command[command.index("--config") + 2 : -1]]
+    swept = [f"--{name}={spec['values'][-1]}" for name, spec in sweep["parameters"].items()]
+    cfg = build_parser().parse_args([subcommand, "--config", str(REPO / config), *fixed, *swept])
+    for name, spec in sweep["parameters"].items():
+        assert cfg[subcommand][name] == spec["values"][-1]

@@ -18,15 +18,8 @@ def synthetic_data():
 
 def make_trainer(tmp_path, rounds=4, callbacks=None, **kwargs):
     settings = {"clients_per_round": 4, "local_epochs": 2, "straggler_fraction": 0.5, "checkpoint_every": 2}
-    settings.update(kwargs)
-    return FederatedTrainer(
-        rounds=rounds,
-        default_root_dir=tmp_path,
-        logger="csv",
-        enable_progress_bar=False,
-        callbacks=callbacks,
-        **settings,
-    )
+    settings.update({"logger": "csv", "enable_progress_bar": False, **kwargs})
+    return FederatedTrainer(rounds=rounds, default_root_dir=tmp_path, callbacks=callbacks, **settings)
 
 
 def make_model(seed=0):
@@ -211,3 +204,17 @@ def test_metrics_csv_has_one_row_per_round_with_the_documented_columns(tmp_path)
     assert [r["test/acc"] != "" for r in rows] == [False, True, True]
     assert float(rows[-1]["clients/acc"]) == pytest.approx(float(rows[-1]["test/acc"]))
     assert (trainer.run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_wandb_logs_offline_and_a_resumed_run_keeps_its_id(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    first = make_trainer(tmp_path, rounds=1, logger=["csv", "wandb"])
+    first.fit(make_model(), synthetic_data(), FedAvg())
+    run_id = first.wandb_id
+    assert [p.name.endswith(f"-{run_id}") for p in (first.run_dir / "wandb").glob("offline-run-*")] == [True]
+
+    resumed = make_trainer(tmp_path, rounds=2, logger=["csv", "wandb"])
+    resumed.fit(make_model(), synthetic_data(), FedAvg(), ckpt_path=first.run_dir / "checkpoints" / "last.ckpt")
+    assert resumed.wandb_id == run_id
+    runs = sorted((first.run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(p.name.endswith(f"-{run_id}") for p in runs)
