@@ -76,6 +76,8 @@ class FederatedTrainer:
         enable_progress_bar: show progress over rounds and over the clients of a round.
         callbacks: round callbacks; any of ``on_fit_start(trainer)``, ``on_round_end(trainer, round,
             metrics)`` and ``on_fit_end(trainer)`` they define is called.
+        seed: the run's seed, from which every random stream is derived. By default the seed that
+            ``lightning.seed_everything`` set (the command line's ``seed_everything``), else 0.
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class FederatedTrainer:
         wandb_mode: Literal["offline", "online", "disabled"] = "offline",
         enable_progress_bar: bool = True,
         callbacks: list[Any] | None = None,
+        seed: int | None = None,
     ) -> None:
         problems = []
         for flag, value in [
@@ -130,7 +133,7 @@ class FederatedTrainer:
         self.wandb_mode = wandb_mode
         self.enable_progress_bar = enable_progress_bar
         # The command line seeds everything before instantiating anything; PL_GLOBAL_SEED is that seed.
-        self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         strategy = "auto" if devices * num_nodes == 1 else ClientParallelStrategy(start_method="popen")
         self.fabric = Fabric(
             accelerator=accelerator,
