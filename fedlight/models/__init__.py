@@ -8,8 +8,9 @@ MOON, FedDecorr, feature discrepancy) can split encoder from classifier without 
 - ``forward(x) == forward_head(forward_features(x))``.
 """
 
+from fedlight.models.celeba_cnn import CelebACNN
 from fedlight.models.cnn import CNN
 from fedlight.models.mlp import MLP
 from fedlight.models.registry import create_model, list_models, register_model
 
-__all__ = ["CNN", "MLP", "create_model", "list_models", "register_model"]
+__all__ = ["CNN", "MLP", "CelebACNN", "create_model", "list_models", "register_model"]

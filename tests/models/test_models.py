@@ -4,7 +4,7 @@ import torch
 from fedlight.errors import ConfigError
 from fedlight.models import create_model, list_models
 
-SHAPES = {"mlp": (60,), "cnn": (1, 28, 28)}
+SHAPES = {"mlp": (60,), "cnn": (1, 28, 28), "celeba_cnn": (3, 84, 84)}
 
 
 @pytest.mark.parametrize("name", list_models())
