@@ -43,6 +43,15 @@ def test_later_config_files_override_earlier_ones(tmp_path, capsys):
     assert yaml.safe_load(capsys.readouterr().out)["trainer"]["local_epochs"] == 3
 
 
+@pytest.mark.parametrize(("rule", "tolerates"), [("FedProx", True), ("FedProto", True), ("FedAtt", False)])
+def test_switching_the_rule_keeps_the_new_rules_own_defaults(rule, tolerates):
+    # The base file names FedAvg (drops stragglers); jsonargparse carries init_args over a class_path
+    # change, so a concrete default there would override the new rule's paper setting.
+    parser = build_parser()
+    cfg = parser.parse_args(["fit", "--config", SYNTHETIC, f"--strategy=fedlight.strategies.{rule}"])
+    assert parser.instantiate(cfg).fit.strategy.tolerate_stragglers is tolerates
+
+
 def test_help_documents_every_trainer_argument(capsys):
     with pytest.raises(SystemExit):
         run(["fit", "--help"])

@@ -91,21 +91,32 @@ class Strategy:
 
     Args:
         tolerate_stragglers: aggregate stragglers' partial work (F' < F epochs) instead of dropping
-            them. FedAvg drops them in the papers; FedProx and FedProto keep them.
+            them. ``null`` (the default) means the rule's own paper setting: FedAvg, FedAtt and
+            Fairness drop them, FedProx and FedProto keep them.
         sampling: how the round's clients are drawn: ``proportional`` to n_k without replacement
-            (the prototype-margin paper) or ``uniform`` (FedProx's code, FedSLS).
+            (the prototype-margin paper) or ``uniform`` (FedProx's code, FedSLS). ``null`` means the
+            rule's own setting.
+
+    The ``null`` defaults matter for configs: when a file switches ``class_path`` (FedAvg in a base
+    file, FedProx in a row file), jsonargparse keeps the ``init_args`` the new class also accepts, so a
+    concrete default of the old class would silently replace the new class's.
     """
 
     weight_channels: int = 1
     gather_states: bool = False
+    #: The rule's paper settings, used where the constructor gets ``None``.
+    default_tolerate_stragglers: bool = False
+    default_sampling: Literal["proportional", "uniform"] = "proportional"
 
     def __init__(
         self,
-        tolerate_stragglers: bool = False,
-        sampling: Literal["proportional", "uniform"] = "proportional",
+        tolerate_stragglers: bool | None = None,
+        sampling: Literal["proportional", "uniform"] | None = None,
     ) -> None:
-        self.tolerate_stragglers = tolerate_stragglers
-        self.sampling = sampling
+        self.tolerate_stragglers = (
+            self.default_tolerate_stragglers if tolerate_stragglers is None else tolerate_stragglers
+        )
+        self.sampling = self.default_sampling if sampling is None else sampling
 
     # -- plan ---------------------------------------------------------------------------------------
     def sample_clients(self, num_samples: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
