@@ -58,7 +58,8 @@ class FedAtt(Strategy):
             model is the attention-weighted mean of the client models.
         sigma: σ ≥ 0, the standard deviation of the Gaussian noise added to every parameter (σ_dp of the
             paper's differential-privacy variant); 0 disables it.
-        tolerate_stragglers: aggregate stragglers' partial work (F' < F epochs) instead of dropping them.
+        tolerate_stragglers: aggregate stragglers' partial work (F' < F epochs); ``null`` drops them, as
+            FedAvg does in the paper's comparison.
         sampling: how the round's clients are drawn: ``proportional`` to n_k without replacement
             (the prototype-margin paper) or ``uniform``.
     """
@@ -69,8 +70,8 @@ class FedAtt(Strategy):
         self,
         epsilon: float = 1.0,
         sigma: float = 0.001,
-        tolerate_stragglers: bool = False,
-        sampling: Literal["proportional", "uniform"] = "proportional",
+        tolerate_stragglers: bool | None = None,
+        sampling: Literal["proportional", "uniform"] | None = None,
     ) -> None:
         problems = []
         if not epsilon > 0:

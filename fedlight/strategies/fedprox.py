@@ -26,41 +26,65 @@ if TYPE_CHECKING:
     from fedlight.trainer import FederatedTrainer
 
 
+class _ProximalTerm(torch.autograd.Function):
+    """Σ_i ‖p_i − p_i⁰‖² as one node of the graph, whose gradient 2(p_i − p_i⁰) is one multi-tensor multiply.
+
+    It runs at every local step. Composed from autograd ops instead (a subtraction, a norm and a square
+    recorded per tensor), its overhead per step on CPU was 1.4× (Synthetic's MLP) to 2.5× (a 1M-parameter
+    MLP) that of this node.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, anchors: Sequence[torch.Tensor], *params: torch.Tensor) -> torch.Tensor:
+        deltas = torch._foreach_sub(params, anchors)  # p_i − p_i⁰, one tensor per parameter
+        ctx.save_for_backward(*deltas)
+        return torch.stack(torch._foreach_norm(deltas)).square().sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return None, *torch._foreach_mul(ctx.saved_tensors, 2 * grad)
+
+
 def proximal_term(params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor]) -> torch.Tensor:
     """Returns Σ_i ‖p_i − p_i⁰‖², differentiable in ``params``.
-
-    One multi-tensor subtraction and one multi-tensor norm, as it runs at every local step.
 
     Args:
         params: the trainable tensors w.
         anchors: detached copies w^t of the same shapes.
 
-    >>> proximal_term([torch.tensor([3.0, 4.0]), torch.tensor(1.0)], [torch.zeros(2), torch.tensor(0.0)])
-    tensor(26.)
+    >>> w = torch.tensor([3.0, 4.0], requires_grad=True)
+    >>> term = proximal_term([w], [torch.zeros(2)])
+    >>> term.backward()
+    >>> term.item(), w.grad.tolist()
+    (25.0, [6.0, 8.0])
     """
-    return torch.stack(torch._foreach_norm(torch._foreach_sub(params, anchors))).pow(2).sum()
+    return _ProximalTerm.apply(anchors, *params)
 
 
 class FedProx(FedAvg):
     """FedAvg whose clients add (μ/2)‖w − w^t‖² to their loss, over the trainable parameters only.
 
     BatchNorm running statistics are buffers and are not regularised. w^t is the state the client
-    received, copied when its local fit starts and released when it ends.
+    received, copied when its local fit starts and released when it ends. The logged ``train/loss`` is
+    the objective h_k, proximal term included.
 
     Args:
         mu: μ ≥ 0, the weight of the proximal term; μ = 0 is FedAvg that keeps stragglers. The
             prototype-margin paper (Supp. S2) uses μ = 0.1 / 1 / 1 / 0.01 for Synthetic / MNIST /
             FEMNIST / CelebA.
-        tolerate_stragglers: aggregate stragglers' partial work (F' < F epochs), as FedProx does.
+        tolerate_stragglers: aggregate stragglers' partial work (F' < F epochs); ``null`` keeps them, as
+            FedProx does.
         sampling: how the round's clients are drawn: ``proportional`` to n_k without replacement
             (the prototype-margin paper) or ``uniform`` (FedProx's own code).
     """
 
+    default_tolerate_stragglers = True
+
     def __init__(
         self,
         mu: float = 0.01,
-        tolerate_stragglers: bool = True,
-        sampling: Literal["proportional", "uniform"] = "proportional",
+        tolerate_stragglers: bool | None = None,
+        sampling: Literal["proportional", "uniform"] | None = None,
     ) -> None:
         if not mu >= 0:
             raise ConfigError(
