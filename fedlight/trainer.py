@@ -322,13 +322,14 @@ class FederatedTrainer:
                     stacklevel=1,
                 )
                 continue
+            _merge_max(integers, self.layout.integers(self.module))
+            if strategy.gather_states:
+                states[update.client] = state.cpu()
+                continue
             update.weights = tuple(float(w) for w in strategy.client_weights(update))
             weights = torch.tensor(update.weights, device=fabric.device)
             weighted_sum.addmm_(weights[:, None], state[None, :])
             weight_total += weights
-            _merge_max(integers, self.layout.integers(self.module))
-            if strategy.gather_states:
-                states[update.client] = state.cpu()
 
         if fabric.world_size > 1:
             packed = fabric.all_reduce(torch.cat([weighted_sum.reshape(-1), weight_total]), reduce_op="sum")
@@ -393,7 +394,7 @@ class FederatedTrainer:
                 optimizer.zero_grad(set_to_none=True)
                 self.fabric.strategy.backward(loss, module)
                 precision.optimizer_step(optimizer)
-                loss_sum += loss.detach().float()
+                loss_sum += outputs["loss"].detach().float()  # the task loss, without strategy terms
                 steps += 1
         update = ClientUpdate(
             client=plan.client,

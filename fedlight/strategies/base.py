@@ -69,7 +69,7 @@ class ClientUpdate:
         num_samples: n_k, the client's training-set size.
         epochs: local epochs run.
         num_steps: optimizer steps run.
-        train_loss: mean training loss over the local steps.
+        train_loss: mean task loss (``training_step``'s ``loss``, without strategy terms) over the local steps.
         payload: strategy-defined side information (prototypes, margins, saliency weight…),
             small and made of tensors/numbers so it can cross processes.
         weights: the unnormalised aggregation weights the strategy gave it, one per channel.

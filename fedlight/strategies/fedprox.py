@@ -66,7 +66,7 @@ class FedProx(FedAvg):
 
     BatchNorm running statistics are buffers and are not regularised. w^t is the state the client
     received, copied when its local fit starts and released when it ends. The logged ``train/loss`` is
-    the objective h_k, proximal term included.
+    the task loss alone, as for every rule.
 
     Args:
         mu: μ ≥ 0, the weight of the proximal term; μ = 0 is FedAvg that keeps stragglers. The
