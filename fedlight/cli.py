@@ -44,8 +44,8 @@ def _subcommand_parser(description: str) -> ArgumentParser:
         default=0,
         help="Seed of the initial model and of every client's random stream; set before anything is built.",
     )
-    # The seed is the top-level seed_everything; callbacks are Python objects, not configuration.
-    parser.add_class_arguments(FederatedTrainer, "trainer", skip={"callbacks", "seed"})
+    # The seed is the top-level seed_everything.
+    parser.add_class_arguments(FederatedTrainer, "trainer", skip={"seed"})
     parser.add_subclass_arguments(FederatedClient, "model", required=True)
     parser.add_class_arguments(FederatedDataModule, "data")
     # The data decide the model's output and input sizes, as LightningCLI's examples link them.

@@ -74,7 +74,7 @@ def wandb_logger(
     return logger
 
 
-def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     """Scalar metrics only, as plain floats (NaN kept: it is information)."""
     out = {}
     for key, value in metrics.items():
@@ -82,6 +82,20 @@ def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
             value = value.item()
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = float(value)
+    return out
+
+
+def histogram_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """1-D tensors and arrays of ``metrics`` as W&B histograms (e.g. FedProto's attention weights a^t[k])."""
+    import numpy as np
+    import wandb
+
+    out = {}
+    for key, value in metrics.items():
+        if hasattr(value, "detach"):
+            value = value.detach().cpu().numpy()
+        if isinstance(value, np.ndarray) and value.ndim == 1 and value.size > 1:
+            out[key] = wandb.Histogram(value)
     return out
 
 

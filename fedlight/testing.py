@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torchmetrics import MeanMetric, Metric
 
+from fedlight.callbacks.base import RoundCallback
 from fedlight.clients.base import FederatedClient
 from fedlight.data.base import FederatedDataset, LabelledTensors
 
@@ -65,3 +66,18 @@ class ScalarClient(FederatedClient):
 
     def evaluation_metric(self, num_groups: int) -> Metric:
         return MeanSquaredError()
+
+
+class Kill(Exception):
+    """Raised by :class:`KillAfterRound` to stop a run as a crash would."""
+
+
+class KillAfterRound(RoundCallback):
+    """Stops the run at the end of round ``round_idx``, before it is logged and checkpointed."""
+
+    def __init__(self, round_idx: int) -> None:
+        self.round_idx = round_idx
+
+    def on_round_end(self, trainer, round_idx: int, metrics: dict) -> None:
+        if round_idx == self.round_idx:
+            raise Kill

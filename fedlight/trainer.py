@@ -32,11 +32,12 @@ from lightning.fabric import Fabric
 from tqdm.auto import tqdm
 
 from fedlight import checkpoint as ckpt_io
+from fedlight.callbacks.base import RoundCallback
 from fedlight.clients.base import FederatedClient
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.distributed import ClientParallelStrategy, assign_clients
 from fedlight.errors import ConfigError
-from fedlight.loggers import RoundCSV, finite_metrics, format_postfix, wandb_logger
+from fedlight.loggers import RoundCSV, format_postfix, histogram_metrics, scalar_metrics, wandb_logger
 from fedlight.state import FlatState
 from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
 from fedlight.strategies.functional import straggler_plan
@@ -74,8 +75,8 @@ class FederatedTrainer:
         wandb_project: W&B project.
         wandb_mode: ``offline`` needs no account or network (upload later with ``wandb sync``).
         enable_progress_bar: show progress over rounds and over the clients of a round.
-        callbacks: round callbacks; any of ``on_fit_start(trainer)``, ``on_round_end(trainer, round,
-            metrics)`` and ``on_fit_end(trainer)`` they define is called.
+        callbacks: round callbacks (:class:`~fedlight.callbacks.RoundCallback`): analyses and pictures
+            between rounds, each with its own cadence; what they add to a round's metrics is logged.
         seed: the run's seed, from which every random stream is derived. By default the seed that
             ``lightning.seed_everything`` set (the command line's ``seed_everything``), else 0.
     """
@@ -98,7 +99,7 @@ class FederatedTrainer:
         wandb_project: str = "fedlight",
         wandb_mode: Literal["offline", "online", "disabled"] = "offline",
         enable_progress_bar: bool = True,
-        callbacks: list[Any] | None = None,
+        callbacks: list[RoundCallback] | None = None,
         seed: int | None = None,
     ) -> None:
         problems = []
@@ -143,6 +144,7 @@ class FederatedTrainer:
             strategy=strategy,
             callbacks=callbacks,
         )
+        self.callbacks = list(callbacks or [])
         self.run_dir: Path | None = None
         self.history: list[dict[str, float]] = []
         self.round = 0
@@ -183,14 +185,15 @@ class FederatedTrainer:
         metrics: dict[str, float] = self.history[-1] if self.history else {}
         for round_idx in range(self.round, self.rounds):
             started = time.perf_counter()
+            fabric.call("on_round_start", trainer=self, round_idx=round_idx)
             metrics = {"round": float(round_idx), **self._run_round(round_idx)}
             last = round_idx == self.rounds - 1
             if (round_idx + 1) % self.eval_every == 0 or last:
                 metrics.update(self._evaluate(clients=True, test=True))
-            metrics["round/time_s"] = time.perf_counter() - started
             self.round = round_idx + 1
-            self._log(metrics)
             fabric.call("on_round_end", trainer=self, round_idx=round_idx, metrics=metrics)
+            metrics["round/time_s"] = time.perf_counter() - started
+            metrics = self._log(metrics)
             if self.round % self.checkpoint_every == 0 or last:
                 self.save_checkpoint(self.run_dir / "checkpoints" / "last.ckpt")
             bar.set_postfix(format_postfix(metrics, {"test_acc": "test/acc", "train_loss": "train/loss"}))
@@ -409,6 +412,14 @@ class FederatedTrainer:
         return update, state
 
     # -- evaluation ----------------------------------------------------------------------------------
+    def global_module(self) -> FederatedClient:
+        """The resident module with the global model W^t loaded, in eval mode (for evaluation and analyses).
+
+        It is the same module clients train on: the next local fit loads its own state into it.
+        """
+        self.layout.load(self.module, self.global_state, self.global_integers)
+        return self.module.eval()
+
     @torch.no_grad()
     def _evaluate(self, clients: bool, test: bool) -> dict[str, float]:
         """Evaluates W^t on the clients' held-out splits and/or the global test set.
@@ -417,9 +428,8 @@ class FederatedTrainer:
         numbers. When the dataset has no separate test set, the global test set is the union of the
         held-out splits and one pass serves both.
         """
-        data, module = self.datamodule, self.module
-        self.layout.load(module, self.global_state, self.global_integers)
-        module.eval()
+        data = self.datamodule
+        self.global_module()
         metrics: dict[str, float] = {}
         shared_pass = data.test is None
         if clients or (test and shared_pass):
@@ -441,7 +451,7 @@ class FederatedTrainer:
                 continue
             with precision.forward_context():
                 metric.update(**module.validation_step(precision.convert_input(batch), batch_idx))
-        return finite_metrics(metric.compute())
+        return scalar_metrics(metric.compute())
 
     # -- randomness ----------------------------------------------------------------------------------
     def round_rng(self, round_idx: int) -> np.random.Generator:
@@ -471,6 +481,7 @@ class FederatedTrainer:
             "seed": self.seed,
             "global_state": self.layout.to_state_dict(self.global_state, self.global_integers),
             "strategy": {"class": type(self.strategy).__qualname__, "state": self.strategy.state_dict()},
+            "callbacks": [callback.state_dict() for callback in self.callbacks],
             "torch_rng": torch.get_rng_state(),
             "history": self.history,
             "wandb_id": self.wandb_id,
@@ -502,20 +513,26 @@ class FederatedTrainer:
         self.global_state, self.global_integers = self.layout.from_state_dict(state["global_state"])
         self.global_state = self.global_state.to(self.fabric.device)
         self.strategy.load_state_dict(state["strategy"]["state"])
+        for callback, callback_state in zip(self.callbacks, state.get("callbacks", []), strict=False):
+            callback.load_state_dict(callback_state)
         torch.set_rng_state(state["torch_rng"])
         self.round = int(state["round"])
         self.history = list(state["history"])
         self.wandb_id = state["wandb_id"]
 
     # -- logging ------------------------------------------------------------------------------------
-    def _log(self, metrics: dict[str, float]) -> None:
-        self.history.append(metrics)
+    def _log(self, metrics: dict[str, Any]) -> dict[str, float]:
+        """Logs one round; returns its scalar metrics, which the history, CSV and checkpoints keep."""
+        scalars = scalar_metrics(metrics)
+        self.history.append(scalars)
         if self.fabric.global_rank != 0:
-            return
+            return scalars
         if self._csv is not None:
-            self._csv.log(metrics)
+            self._csv.log(scalars)
         if self._wandb is not None:
-            self._wandb.log_metrics({k: v for k, v in metrics.items() if k != "round"}, step=int(metrics["round"]))
+            logged = {k: v for k, v in scalars.items() if k != "round"} | histogram_metrics(metrics)
+            self._wandb.log_metrics(logged, step=int(scalars["round"]))
+        return scalars
 
     def _finish_loggers(self) -> None:
         if getattr(self, "_wandb", None) is not None:

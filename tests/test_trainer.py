@@ -5,10 +5,12 @@ import pytest
 import torch
 
 from fedlight import checkpoint as ckpt_io
+from fedlight.callbacks import RoundCallback
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Synthetic
 from fedlight.errors import ConfigError
 from fedlight.strategies import FedAvg
+from fedlight.testing import Kill, KillAfterRound
 from fedlight.trainer import FederatedTrainer
 
 
@@ -33,21 +35,6 @@ def read_metrics(run_dir):
     for row in rows:
         row.pop("round/time_s")
     return rows
-
-
-class Kill(Exception):
-    pass
-
-
-class KillAfterRound:
-    """Stops the run once round ``round_idx`` is logged, before its checkpoint would be written."""
-
-    def __init__(self, round_idx):
-        self.round_idx = round_idx
-
-    def on_round_end(self, trainer, round_idx, metrics):
-        if round_idx == self.round_idx:
-            raise Kill
 
 
 class KillInsideRound(FedAvg):
@@ -218,3 +205,40 @@ def test_wandb_logs_offline_and_a_resumed_run_keeps_its_id(tmp_path, monkeypatch
     assert resumed.wandb_id == run_id
     runs = sorted((first.run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(p.name.endswith(f"-{run_id}") for p in runs)
+
+
+class RecordingCallback(RoundCallback):
+    """Adds a metric and a histogram every round and counts rounds in its checkpointed state."""
+
+    def __init__(self):
+        self.rounds_seen = 0
+        self.starts = []
+
+    def on_round_start(self, trainer, round_idx):
+        self.starts.append(round_idx)
+
+    def on_round_end(self, trainer, round_idx, metrics):
+        self.rounds_seen += 1
+        metrics["probe/global_norm"] = trainer.global_state.norm().item()
+        metrics["probe/histogram"] = torch.arange(3.0)
+
+    def state_dict(self):
+        return {"rounds_seen": self.rounds_seen}
+
+    def load_state_dict(self, state):
+        self.rounds_seen = state["rounds_seen"]
+
+
+def test_callbacks_add_logged_metrics_and_are_checkpointed(tmp_path):
+    callback = RecordingCallback()
+    trainer = make_trainer(tmp_path, rounds=2, callbacks=[callback])
+    trainer.fit(make_model(), synthetic_data(), FedAvg())
+    rows = read_metrics(trainer.run_dir)
+    assert float(rows[-1]["probe/global_norm"]) == pytest.approx(trainer.global_state.norm().item())
+    assert "probe/histogram" not in rows[-1]  # histograms go to W&B only
+    assert callback.starts == [0, 1]
+
+    resumed_callback = RecordingCallback()
+    resumed = make_trainer(tmp_path, rounds=3, callbacks=[resumed_callback])
+    resumed.fit(make_model(), synthetic_data(), FedAvg(), ckpt_path=trainer.run_dir / "checkpoints" / "last.ckpt")
+    assert resumed_callback.rounds_seen == 3 and resumed_callback.starts == [2]

@@ -24,6 +24,7 @@ from fedlight.metrics.functional.prototypes import (
     semantic_prototype_margin,
 )
 from fedlight.strategies import ClientUpdate, FedAvg, FedProto
+from fedlight.testing import Kill, KillAfterRound
 from fedlight.trainer import FederatedTrainer
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -42,21 +43,6 @@ def fit(strategy, root, rounds=3, model_seed=0, ckpt_path=None, **kwargs):
     )
     trainer.fit(make_model(model_seed), data, strategy, ckpt_path=ckpt_path)
     return trainer
-
-
-class Kill(Exception):
-    pass
-
-
-class KillAfterRound:
-    """Stops the run once round ``round_idx`` is logged, before its checkpoint would be written."""
-
-    def __init__(self, round_idx):
-        self.round_idx = round_idx
-
-    def on_round_end(self, trainer, round_idx, metrics):
-        if round_idx == self.round_idx:
-            raise Kill
 
 
 class Recorder(FedProto):
