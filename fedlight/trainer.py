@@ -148,6 +148,7 @@ class FederatedTrainer:
         self.run_dir: Path | None = None
         self.history: list[dict[str, float]] = []
         self.round = 0
+        self.round_plans: list[ClientPlan] = []
 
     # -- public entry points ----------------------------------------------------------------------
     def fit(
@@ -303,6 +304,7 @@ class FederatedTrainer:
             ClientPlan(int(c), int(e), bool(s), dropped=bool(s) and not strategy.tolerate_stragglers)
             for c, e, s in zip(clients, epochs, stragglers, strict=True)
         ]
+        self.round_plans = plans  # for callbacks that look at the round's clients (e.g. MMD over K^t)
         strategy.on_round_start(self, round_idx, plans)
 
         training = [p for p in plans if not p.dropped]
