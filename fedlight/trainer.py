@@ -435,7 +435,7 @@ class FederatedTrainer:
         metrics: dict[str, float] = {}
         shared_pass = data.test is None
         if clients or (test and shared_pass):
-            result = self._evaluation_pass(data.held_out_batches(), data.num_clients)
+            result = self._evaluation_pass(data.held_out_batches(), data.num_eval_groups)
             if clients:
                 metrics.update({f"clients/{k}": v for k, v in result.items()})
             if test and shared_pass:

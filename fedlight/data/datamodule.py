@@ -34,6 +34,11 @@ class FederatedDataModule:
             be large.
         seed: seed of the dataset generation, partition and train/held-out split. It is separate from
             the run's seed so that seeds of a table row share one federation.
+        centralized: train one model on the union of the clients' training splits, with the same
+            held-out splits: the reference model of the FFD analysis. The partition and the 80/20 splits
+            are drawn as in the federated run, then the training splits become one client; evaluation
+            still reports per-client numbers over the original clients' held-out splits. Run it with
+            ``--trainer.clients_per_round=1 --trainer.local_epochs=1``, one round per epoch.
     """
 
     def __init__(
@@ -44,6 +49,7 @@ class FederatedDataModule:
         test_fraction: float = 0.2,
         eval_batch_size: int = 1024,
         seed: int = 0,
+        centralized: bool = False,
     ) -> None:
         problems = []
         if batch_size < 1:
@@ -60,6 +66,7 @@ class FederatedDataModule:
         self.test_fraction = test_fraction
         self.eval_batch_size = eval_batch_size
         self.seed = seed
+        self.centralized = centralized
         self._is_setup = False
 
     @property
@@ -90,12 +97,15 @@ class FederatedDataModule:
             num_train = max(1, int((1.0 - self.test_fraction) * len(indices)))
             train.append(np.sort(indices[:num_train]))
             held_out.append(np.sort(indices[num_train:]))
+        if self.centralized:  # drawn as above, so the held-out splits are those of the federated run
+            train = [np.sort(np.concatenate(train))]
         self.pool = pool
         self.client_train = [torch.from_numpy(ix).long() for ix in train]
         self.num_samples = np.array([len(ix) for ix in train], dtype=np.int64)  # n_k
         # The clients' held-out splits as one set with each sample's client index, evaluated in one pass.
         self.held_out_index = torch.from_numpy(np.concatenate(held_out)).long()
         self.held_out_group = torch.from_numpy(np.repeat(np.arange(len(held_out)), [len(h) for h in held_out]))
+        self.num_eval_groups = len(held_out)  # the original clients, also when training is centralized
         self.test: LabelledTensors | None = self.dataset.load_test()
         self._is_setup = True
 

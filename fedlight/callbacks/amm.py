@@ -1,0 +1,85 @@
+"""Aggregate mean margin (AMM) of the global model: how far apart its class prototypes lie.
+
+Michieli & Ozay, "Prototype Guided Federated Learning of Visual Feature Representations", Eq. 15, Table 4 and
+Fig. 3 (spec §1.3, decision D6). The paper compares optimizers by it, so it is measured here on the global
+model of any strategy rather than from MO-FedProto's own payload.
+
+After round t, with the new global model W^{t+1} in eval mode and e = E(x) its penultimate features (D5):
+
+- p_k[c] = mean of e over client k's training samples of class c, n_k[c] their count (Eq. 4);
+- p_agg[c] = Σ_k n_k[c] p_k[c] / Σ_k n_k[c] over **all** clients (Eq. 10 on unnormalised p), which is the
+  pooled class mean, so it is computed from pooled feature sums and counts;
+- ``analysis/amm`` = (1/|C′|) Σ_c (d⁻[c] − d⁺[c]) on p_agg, D6's reconstruction: the mean distance between
+  the prototypes of two different classes;
+- ``analysis/amm_as_written`` = Eq. 15 literally, the bounded margin of p_agg against itself, which is
+  |C′|/|C| whatever the model; logged to document D6.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fedlight.callbacks.base import RoundCallback
+from fedlight.errors import ConfigError
+from fedlight.metrics.functional.prototypes import (
+    aggregate_mean_margin,
+    aggregate_mean_margin_as_written,
+    class_feature_sums,
+    prototypes_from_sums,
+)
+
+if TYPE_CHECKING:
+    from fedlight.trainer import FederatedTrainer
+
+
+class AggregateMeanMargin(RoundCallback):
+    """Logs ``analysis/amm`` (D6) and ``analysis/amm_as_written`` (Eq. 15) of the global model.
+
+    Args:
+        every_n_rounds: measure after every this many rounds (and after the last one). One measurement is
+            a forward pass of the global model over every client's training split.
+    """
+
+    def __init__(self, every_n_rounds: int = 1) -> None:
+        if every_n_rounds < 1:
+            raise ConfigError(
+                f"Expected --trainer.callbacks (fedlight.callbacks.AggregateMeanMargin) init_args.every_n_rounds ≥ 1, "
+                f"got {every_n_rounds}. 1 measures after every round."
+            )
+        self.every_n_rounds = every_n_rounds
+
+    def on_round_end(self, trainer: FederatedTrainer, round_idx: int, metrics: dict[str, Any]) -> None:
+        """Adds the AMM of W^{t+1} to the round's metrics when the round is due."""
+        if (round_idx + 1) % self.every_n_rounds and round_idx != trainer.rounds - 1:
+            return
+        sums, counts = _pooled_class_sums(trainer)
+        p_agg = prototypes_from_sums(sums, counts)  # [C, D]
+        metrics["analysis/amm"] = aggregate_mean_margin(p_agg, counts).item()
+        metrics["analysis/amm_as_written"] = aggregate_mean_margin_as_written(p_agg, counts).item()
+
+
+@torch.no_grad()
+def _pooled_class_sums(trainer: FederatedTrainer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-class feature sums ``[C, D]`` and counts ``[C]`` of the global model over every client's training data.
+
+    Each process takes every world_size-th client and one all-reduce sums the statistics, so every rank
+    returns the same numbers.
+    """
+    fabric, data, precision = trainer.fabric, trainer.datamodule, trainer.precision
+    module = trainer.global_module()  # W^{t+1}, eval mode
+    sums = torch.zeros(data.num_classes, module.net.num_features, dtype=torch.float64, device=fabric.device)
+    counts = torch.zeros(data.num_classes, dtype=torch.float64, device=fabric.device)
+    for client in range(fabric.global_rank, data.num_clients, fabric.world_size):
+        for batch in data.client_batches(client, split="train"):
+            x, y = precision.convert_input(batch)
+            with precision.forward_context():
+                features = module.net.forward_features(x)  # [B, D]
+            batch_sums, batch_counts = class_feature_sums(features.float(), y, data.num_classes)
+            sums += batch_sums
+            counts += batch_counts
+    if fabric.world_size > 1:
+        packed = fabric.all_reduce(torch.cat([sums.reshape(-1), counts]), reduce_op="sum")
+        sums, counts = packed[: sums.numel()].view_as(sums), packed[sums.numel() :]
+    return sums, counts.long()
