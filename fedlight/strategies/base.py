@@ -164,7 +164,7 @@ class Strategy:
         """Returns W^{t+1} from W^t and the aggregate; FedAvg takes the aggregate as it is."""
         return aggregate
 
-    def on_round_end(self, trainer: FederatedTrainer, round_idx: int, updates: list[ClientUpdate]) -> dict[str, float]:
+    def on_round_end(self, trainer: FederatedTrainer, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
         """Called on every rank with all aggregated updates; returns metrics to log for the round."""
         return {}
 

@@ -133,7 +133,7 @@ class FedProto(Strategy):
         """Eq. 13: a = ½ a_agg + ½ a_loc."""
         return (0.5, 0.5)
 
-    def on_round_end(self, trainer: FederatedTrainer, round_idx: int, updates: list[ClientUpdate]) -> dict[str, float]:
+    def on_round_end(self, trainer: FederatedTrainer, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
         """Updates p̂_agg (Eq. 10) and reports the attention actually applied and the margins."""
         if not updates:
             return {}
@@ -143,7 +143,8 @@ class FedProto(Strategy):
         # a[k] = Σ_j c_j w_kj / Σ_l w_lj: exactly the mixture the trainer applied to the states
         coefficients = torch.tensor(self.channel_coefficients(), dtype=torch.float64)
         self.attention = (weights / weights.sum(dim=0)) @ coefficients  # [K]
-        metrics = {
+        metrics: dict[str, Any] = {
+            "fedproto/attention": self.attention.float(),  # a^t[k], a W&B histogram per round (Fig. S2)
             "fedproto/attention_max": self.attention.max().item(),
             "fedproto/attention_min": self.attention.min().item(),
         }

@@ -117,6 +117,7 @@ def test_later_rounds_aggregate_with_the_prototype_attention(run, round_idx):
     metrics = strategy.metrics[round_idx]
     assert metrics["fedproto/attention_max"] == pytest.approx(a.max().item())
     assert metrics["fedproto/attention_min"] == pytest.approx(a.min().item())
+    torch.testing.assert_close(metrics["fedproto/attention"], a.float())  # the W&B histogram of Fig. S2
 
 
 def test_payload_margins_and_aggregates_match_an_independent_computation(run):
