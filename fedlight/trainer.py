@@ -23,6 +23,7 @@ import os
 import time
 import uuid
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -58,6 +59,9 @@ class FederatedTrainer:
         rounds: number of communication rounds T.
         clients_per_round: clients sampled each round, K' (10 in the papers).
         local_epochs: local epochs F of a client that is not a straggler.
+        local_steps: if set, every client runs exactly this many optimizer steps per round instead of
+            ``local_epochs`` epochs (FedAU's and FedSLS's I local iterations), drawing its batches from
+            successive reshuffled epochs of its data. Needs ``straggler_fraction`` 0.
         straggler_fraction: δ ∈ [0, 1], the share of each round's clients that can only do
             F' ~ UniformInt{1, …, F−1} epochs; the strategy drops or tolerates them.
         eval_every: evaluate the global model every this many rounds (and after the last one).
@@ -86,6 +90,7 @@ class FederatedTrainer:
         rounds: int = 200,
         clients_per_round: int = 10,
         local_epochs: int = 20,
+        local_steps: int | None = None,
         straggler_fraction: float = 0.0,
         eval_every: int = 1,
         checkpoint_every: int = 10,
@@ -114,6 +119,13 @@ class FederatedTrainer:
         ]:
             if value < 1:
                 problems.append(f"Expected --trainer.{flag} ≥ 1, got {value}.")
+        if local_steps is not None and local_steps < 1:
+            problems.append(f"Expected --trainer.local_steps ≥ 1 (or null for epochs), got {local_steps}.")
+        if local_steps is not None and straggler_fraction > 0:
+            problems.append(
+                f"--trainer.local_steps={local_steps} gives every client the same workload, so it cannot be "
+                f"combined with --trainer.straggler_fraction={straggler_fraction}; set one of them to its default."
+            )
         if not 0.0 <= straggler_fraction <= 1.0:
             problems.append(
                 f"Expected --trainer.straggler_fraction (δ) in [0, 1], got {straggler_fraction}. "
@@ -124,6 +136,7 @@ class FederatedTrainer:
         self.rounds = rounds
         self.clients_per_round = clients_per_round
         self.local_epochs = local_epochs
+        self.local_steps = local_steps
         self.straggler_fraction = straggler_fraction
         self.eval_every = eval_every
         self.checkpoint_every = checkpoint_every
@@ -247,6 +260,8 @@ class FederatedTrainer:
                 "clients of the partition. Lower it, or raise the number of clients of --data."
             )
         self.datamodule = datamodule.to(fabric.device)
+        if datamodule.test is not None and len(datamodule.held_out_index) == 0:
+            log.info("--data.test_fraction=0 holds nothing out: only the global test set is evaluated.")
         self.strategy = strategy
         self.config = config
         self.precision = fabric.strategy.precision
@@ -390,17 +405,16 @@ class FederatedTrainer:
         strategy.on_client_fit_start(self, module, plan)
         loss_sum = torch.zeros((), device=self.fabric.device)
         steps = 0
-        for _ in range(plan.epochs):
-            for batch in self.datamodule.train_batches(plan.client, generator):
-                batch = precision.convert_input(batch)
-                with precision.forward_context():
-                    outputs = module.training_step(batch, steps)
-                    loss = strategy.training_loss(module, batch, outputs)
-                optimizer.zero_grad(set_to_none=True)
-                self.fabric.strategy.backward(loss, module)
-                precision.optimizer_step(optimizer)
-                loss_sum += outputs["loss"].detach().float()  # the task loss, without strategy terms
-                steps += 1
+        for batch in self._local_batches(plan, generator):
+            batch = precision.convert_input(batch)
+            with precision.forward_context():
+                outputs = module.training_step(batch, steps)
+                loss = strategy.training_loss(module, batch, outputs)
+            optimizer.zero_grad(set_to_none=True)
+            self.fabric.strategy.backward(loss, module)
+            precision.optimizer_step(optimizer)
+            loss_sum += outputs["loss"].detach().float()  # the task loss, without strategy terms
+            steps += 1
         update = ClientUpdate(
             client=plan.client,
             num_samples=int(self.datamodule.num_samples[plan.client]),
@@ -412,6 +426,20 @@ class FederatedTrainer:
         state = self.layout.flatten(module)
         update.finite = math.isfinite(update.train_loss) and bool(torch.isfinite(state).all())
         return update, state
+
+    def _local_batches(self, plan: ClientPlan, generator: torch.Generator) -> Iterator[Any]:
+        """A client's batches of one round: ``plan.epochs`` epochs, or ``local_steps`` over reshuffled epochs."""
+        if self.local_steps is None:
+            for _ in range(plan.epochs):
+                yield from self.datamodule.train_batches(plan.client, generator)
+            return
+        steps = 0
+        while True:
+            for batch in self.datamodule.train_batches(plan.client, generator):
+                yield batch
+                steps += 1
+                if steps == self.local_steps:
+                    return
 
     # -- evaluation ----------------------------------------------------------------------------------
     def global_module(self) -> FederatedClient:
@@ -434,6 +462,8 @@ class FederatedTrainer:
         self.global_module()
         metrics: dict[str, float] = {}
         shared_pass = data.test is None
+        if clients and not shared_pass and len(data.held_out_index) == 0:
+            clients = False  # --data.test_fraction=0: the clients keep every sample, only the test set is evaluated
         if clients or (test and shared_pass):
             result = self._evaluation_pass(data.held_out_batches(), data.num_eval_groups)
             if clients:

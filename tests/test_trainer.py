@@ -10,7 +10,7 @@ from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Synthetic
 from fedlight.errors import ConfigError
 from fedlight.strategies import FedAvg
-from fedlight.testing import Kill, KillAfterRound
+from fedlight.testing import Kill, KillAfterRound, ScalarClient, ScalarDataset
 from fedlight.trainer import FederatedTrainer
 
 
@@ -242,3 +242,45 @@ def test_callbacks_add_logged_metrics_and_are_checkpointed(tmp_path):
     resumed = make_trainer(tmp_path, rounds=3, callbacks=[resumed_callback])
     resumed.fit(make_model(), synthetic_data(), FedAvg(), ckpt_path=trainer.run_dir / "checkpoints" / "last.ckpt")
     assert resumed_callback.rounds_seen == 3 and resumed_callback.starts == [2]
+
+
+class RecordSteps(FedAvg):
+    """FedAvg that keeps every update, to read the clients' step counts."""
+
+    def __init__(self):
+        super().__init__()
+        self.updates = []
+
+    def on_round_end(self, trainer, round_idx, updates):
+        self.updates += updates
+        return {}
+
+
+@pytest.mark.parametrize(("local_steps", "expected_steps"), [(None, 2), (3, 3), (5, 5)])
+def test_local_steps_run_exactly_that_many_sgd_steps_across_epochs(tmp_path, local_steps, expected_steps):
+    # 8 samples of target 2, half held out: 4 training samples in batches of 2, so an epoch is 2 steps and
+    # 3 or 5 steps run into a second and third epoch. Each step is w ← w − ½(w − 2) from w = 0.
+    data = FederatedDataModule(ScalarDataset([8], [2.0]), batch_size=2, test_fraction=0.5)
+    trainer = FederatedTrainer(
+        rounds=1, clients_per_round=1, local_epochs=1, local_steps=local_steps, logger=None,
+        enable_progress_bar=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    strategy = RecordSteps()
+    trainer.fit(ScalarClient(lr=0.5), data, strategy)
+    assert [u.num_steps for u in strategy.updates] == [expected_steps]
+    assert trainer.global_state.item() == pytest.approx(2.0 * (1 - 0.5**expected_steps))
+
+
+def test_local_steps_exclude_stragglers():
+    with pytest.raises(ConfigError) as err:
+        FederatedTrainer(local_steps=0, straggler_fraction=0.5)
+    assert "--trainer.local_steps ≥ 1" in str(err.value)
+    assert "cannot be combined with --trainer.straggler_fraction=0.5" in str(err.value)
+
+
+def test_without_held_out_samples_only_the_test_set_is_evaluated(tmp_path):
+    data = FederatedDataModule(Synthetic(num_clients=8, dim=12, seed=1), batch_size=10, test_fraction=0.0)
+    data.dataset.load_test = lambda: data.dataset.load_train()  # a separate global test set
+    metrics = make_trainer(tmp_path, rounds=1, straggler_fraction=0.0).fit(make_model(), data, FedAvg())
+    assert 0.0 <= metrics["test/acc"] <= 1.0
+    assert not any(key.startswith("clients/") for key in metrics)
