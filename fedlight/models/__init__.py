@@ -12,5 +12,6 @@ from fedlight.models.celeba_cnn import CelebACNN
 from fedlight.models.cnn import CNN
 from fedlight.models.mlp import MLP
 from fedlight.models.registry import create_model, list_models, register_model
+from fedlight.models.resnet import ResNet
 
-__all__ = ["CNN", "MLP", "CelebACNN", "create_model", "list_models", "register_model"]
+__all__ = ["CNN", "MLP", "CelebACNN", "ResNet", "create_model", "list_models", "register_model"]

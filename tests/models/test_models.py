@@ -4,7 +4,7 @@ import torch
 from fedlight.errors import ConfigError
 from fedlight.models import create_model, list_models
 
-SHAPES = {"mlp": (60,), "cnn": (1, 28, 28), "celeba_cnn": (3, 84, 84)}
+SHAPES = {"mlp": (60,), "cnn": (1, 28, 28), "celeba_cnn": (3, 84, 84), "resnet18": (3, 32, 32), "resnet50": (3, 32, 32)}
 
 
 @pytest.mark.parametrize("name", list_models())

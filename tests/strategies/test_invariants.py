@@ -8,12 +8,11 @@ clients, change a lone client's result, depend on the order of the clients or lo
 checkpoint.
 """
 
-import numpy as np
 import pytest
 import torch
 
 from fedlight.clients import ClassificationClient
-from fedlight.data import FederatedDataModule, FederatedDataset, LabelledTensors
+from fedlight.data import FederatedDataModule
 from fedlight.strategies import (
     MOON,
     Fairness,
@@ -27,7 +26,7 @@ from fedlight.strategies import (
     FedSL,
     FedSLS,
 )
-from fedlight.testing import ScalarClient, ScalarDataset
+from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
 from fedlight.trainer import FederatedTrainer
 
 STRATEGIES = {
@@ -127,36 +126,6 @@ def test_state_round_trips(make_strategy, tmp_path):
 
 
 # -- rules on a CNN ------------------------------------------------------------------------------------
-
-
-class ClientImages(FederatedDataset):
-    """Client k holds ``sizes[k]`` random 8×8 images of 3 classes drawn from seed ``seeds[k]``.
-
-    Clients with the same seed and size hold identical samples. A separate test set is drawn from seed
-    1000, so with ``test_fraction=0`` each client trains on all of its samples.
-    """
-
-    num_classes = 3
-    input_shape = (1, 8, 8)
-
-    def __init__(self, sizes, seeds):
-        self.sizes, self.seeds = sizes, seeds
-
-    @staticmethod
-    def _draw(size, seed):
-        generator = torch.Generator().manual_seed(seed)
-        targets = torch.randint(3, (size,), generator=generator)
-        # class-dependent brightness, so that training has something to learn
-        inputs = torch.randn(size, 1, 8, 8, generator=generator) + targets.view(-1, 1, 1, 1).float()
-        return inputs, targets
-
-    def load_train(self):
-        inputs, targets = zip(*(self._draw(n, s) for n, s in zip(self.sizes, self.seeds, strict=True)), strict=True)
-        groups = np.repeat(np.arange(len(self.sizes)), self.sizes)
-        return LabelledTensors(torch.cat(inputs), torch.cat(targets), groups)
-
-    def load_test(self):
-        return LabelledTensors(*self._draw(30, 1000))
 
 
 def fit_images(root, sizes, seeds, strategy, rounds=2, ckpt_path=None):
