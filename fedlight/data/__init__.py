@@ -7,6 +7,7 @@ from fedlight.data.digits import Digits
 from fedlight.data.femnist import FEMNIST
 from fedlight.data.mnist import MNIST
 from fedlight.data.npz import NpzDataset
+from fedlight.data.scenes import Scenes
 from fedlight.data.synthetic import Synthetic
 
 __all__ = [
@@ -18,5 +19,6 @@ __all__ = [
     "FederatedDataset",
     "LabelledTensors",
     "NpzDataset",
+    "Scenes",
     "Synthetic",
 ]
