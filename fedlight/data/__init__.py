@@ -2,6 +2,8 @@
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
 from fedlight.data.celeba import CelebA
+from fedlight.data.cifar import CIFAR10, CIFAR100
+from fedlight.data.cinic10 import CINIC10
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.data.digits import Digits
 from fedlight.data.femnist import FEMNIST
@@ -9,8 +11,12 @@ from fedlight.data.mnist import MNIST
 from fedlight.data.npz import NpzDataset
 from fedlight.data.scenes import Scenes
 from fedlight.data.synthetic import Synthetic
+from fedlight.data.tiny_imagenet import TinyImageNet
 
 __all__ = [
+    "CIFAR10",
+    "CIFAR100",
+    "CINIC10",
     "FEMNIST",
     "MNIST",
     "CelebA",
@@ -21,4 +27,5 @@ __all__ = [
     "NpzDataset",
     "Scenes",
     "Synthetic",
+    "TinyImageNet",
 ]
