@@ -28,7 +28,7 @@ def decode_images(paths: Sequence[Path], size: tuple[int, int]) -> torch.Tensor:
     images = torch.empty(len(paths), 3, *size, dtype=torch.uint8)
     for i, path in enumerate(paths):
         with Image.open(path) as file:
-            pixels = np.asarray(file.convert("RGB"))  # [H, W, 3]
+            pixels = np.array(file.convert("RGB"))  # [H, W, 3], a writable copy
         if pixels.shape[:2] != tuple(size):
             raise ValueError(f"{path} is {pixels.shape[:2]} pixels, expected {tuple(size)}")
         images[i] = torch.from_numpy(pixels).permute(2, 0, 1)
