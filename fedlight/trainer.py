@@ -60,7 +60,7 @@ class FederatedTrainer:
         clients_per_round: clients sampled each round, K' (10 in the papers).
         local_epochs: local epochs F of a client that is not a straggler.
         local_steps: if set, every client runs exactly this many optimizer steps per round instead of
-            ``local_epochs`` epochs (FedAU's and FedSLS's I local iterations), drawing its batches from
+            ``local_epochs`` epochs (FedAU's and FedSLS's I local iterations), drawing full batches from
             successive reshuffled epochs of its data. Needs ``straggler_fraction`` 0.
         straggler_fraction: δ ∈ [0, 1], the share of each round's clients that can only do
             F' ~ UniformInt{1, …, F−1} epochs; the strategy drops or tolerates them.
@@ -434,14 +434,21 @@ class FederatedTrainer:
         return update, state
 
     def _local_batches(self, plan: ClientPlan, generator: torch.Generator) -> Iterator[Any]:
-        """A client's batches of one round: ``plan.epochs`` epochs, or ``local_steps`` over reshuffled epochs."""
+        """A client's batches of one round: ``plan.epochs`` epochs, or ``local_steps`` full batches.
+
+        With ``local_steps``, an epoch's short last batch is skipped, as FedAU's sampler does (a batch of
+        one image would also break BatchNorm), unless it is all the client has.
+        """
         if self.local_steps is None:
             for _ in range(plan.epochs):
                 yield from self.datamodule.train_batches(plan.client, generator)
             return
+        batch_size = min(self.datamodule.batch_size, int(self.datamodule.num_samples[plan.client]))
         steps = 0
         while True:
             for batch in self.datamodule.train_batches(plan.client, generator):
+                if len(batch[1]) < batch_size:
+                    continue
                 yield batch
                 steps += 1
                 if steps == self.local_steps:

@@ -245,11 +245,15 @@ def test_callbacks_add_logged_metrics_and_are_checkpointed(tmp_path):
 
 
 class RecordSteps(FedAvg):
-    """FedAvg that keeps every update, to read the clients' step counts."""
+    """FedAvg that keeps every update and the size of every batch, to read the clients' steps."""
 
     def __init__(self):
         super().__init__()
-        self.updates = []
+        self.updates, self.batch_sizes = [], []
+
+    def training_loss(self, module, batch, outputs):
+        self.batch_sizes.append(len(batch[1]))
+        return outputs["loss"]
 
     def on_round_end(self, trainer, round_idx, updates):
         self.updates += updates
@@ -269,6 +273,19 @@ def test_local_steps_run_exactly_that_many_sgd_steps_across_epochs(tmp_path, loc
     trainer.fit(ScalarClient(lr=0.5), data, strategy)
     assert [u.num_steps for u in strategy.updates] == [expected_steps]
     assert trainer.global_state.item() == pytest.approx(2.0 * (1 - 0.5**expected_steps))
+
+
+@pytest.mark.parametrize(("train_samples", "sizes"), [(5, [2, 2, 2, 2, 2]), (1, [1, 1, 1, 1, 1])])
+def test_local_steps_skip_short_batches_unless_the_client_has_no_other(tmp_path, train_samples, sizes):
+    # 5 samples in batches of 2 give 2, 2, 1 per epoch: the 1 is skipped; a 1-sample client keeps its batch
+    data = FederatedDataModule(ScalarDataset([2 * train_samples], [2.0]), batch_size=2, test_fraction=0.5)
+    trainer = FederatedTrainer(
+        rounds=1, clients_per_round=1, local_epochs=1, local_steps=5, logger=None, enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )  # fmt: skip
+    strategy = RecordSteps()
+    trainer.fit(ScalarClient(lr=0.5), data, strategy)
+    assert strategy.batch_sizes == sizes
 
 
 def test_local_steps_exclude_stragglers():

@@ -46,9 +46,10 @@ class ResNet(nn.Module):
         projection_dim: MOON's projection head of this output size (256 in MOON); ``null``: no head.
         cifar_stem: replace the 7×7 stride-2 stem and its max-pool by a 3×3 stride-1 stem, the usual choice
             for training 32×32 images from scratch (the paper keeps the ImageNet stem to load its weights).
-        channels: widths of the four stages (default (64, 128, 256, 512)); smaller ones give tiny test models
-            (timm keeps the 64-wide stem).
+        channels: widths of the four stages (default (64, 128, 256, 512)); smaller ones give tiny test models.
         layers: blocks per stage (default (2, 2, 2, 2) for ResNet-18, (3, 4, 6, 3) for ResNet-50).
+        stem_width: output channels of the stem convolution (64); with narrow ``channels`` a narrow stem
+            keeps the tiny models cheap (the 64-wide stem would cost most of their compute).
         mean: per-channel mean that standardises uint8 inputs (after scaling them to [0, 1]).
         std: per-channel standard deviation that standardises uint8 inputs.
     """
@@ -64,6 +65,7 @@ class ResNet(nn.Module):
         cifar_stem: bool = False,
         channels: Sequence[int] | None = None,
         layers: Sequence[int] | None = None,
+        stem_width: int | None = None,
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
     ) -> None:
@@ -71,10 +73,10 @@ class ResNet(nn.Module):
         problems = []
         if len(input_shape) != 3:
             problems.append(f"The '{arch}' model needs (channels, height, width) images, got {tuple(input_shape)}.")
-        if pretrained and (channels is not None or layers is not None):
+        if pretrained and (channels is not None or layers is not None or stem_width is not None):
             problems.append(
-                f"--model.init_args.model_kwargs.pretrained=true loads {arch}'s own weights: leave channels and "
-                "layers unset, or train from scratch with pretrained=false."
+                f"--model.init_args.model_kwargs.pretrained=true loads {arch}'s own weights: leave channels, "
+                "layers and stem_width unset, or train from scratch with pretrained=false."
             )
         if len(mean) != input_shape[0] or len(std) != input_shape[0]:
             problems.append(f"mean and std need one value per input channel ({input_shape[0]}), got {mean}, {std}.")
@@ -82,6 +84,8 @@ class ResNet(nn.Module):
             raise ConfigError(*problems)
         overrides = {key: tuple(value) for key, value in (("channels", channels), ("layers", layers)) if value}
         self.backbone = _create(arch, pretrained, pretrained_file, in_chans=input_shape[0], **overrides)
+        if stem_width is not None:
+            _narrow_stem(self.backbone, stem_width)
         if cifar_stem:
             stem = self.backbone.conv1
             self.backbone.conv1 = nn.Conv2d(stem.in_channels, stem.out_channels, 3, stride=1, padding=1, bias=False)
@@ -131,6 +135,19 @@ def _create(arch: str, pretrained: bool, pretrained_file: str | None, **kwargs) 
             f"torchvision's {arch} IMAGENET1K_V1 .pth) and pass --model.init_args.model_kwargs.pretrained_file=<path>, "
             "or train from scratch with pretrained=false.",
         ) from err
+
+
+def _narrow_stem(backbone: nn.Module, width: int) -> None:
+    """Gives the stem ``width`` output channels, and the first block (its convolution and shortcut) as many inputs."""
+    stem = backbone.conv1
+    backbone.conv1 = nn.Conv2d(stem.in_channels, width, stem.kernel_size, stem.stride, stem.padding, bias=False)
+    backbone.bn1 = nn.BatchNorm2d(width)
+    block = backbone.layer1[0]
+    assert block.downsample is not None, "the first block has no shortcut convolution to narrow"
+    for parent, name in ((block, "conv1"), (block.downsample, "0")):
+        conv = getattr(parent, name)
+        narrow = nn.Conv2d(width, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, bias=False)
+        setattr(parent, name, narrow)
 
 
 @register_model("resnet18")

@@ -123,14 +123,18 @@ class FedSLS(Strategy):
         return weights.cpu()
 
     def _warm_up(self, trainer: FederatedTrainer, module: LightningModule, client: int, seed: int) -> None:
-        """θ'_k: ``warmup_epochs`` of the client's local training from θ^0, with a fresh optimizer."""
+        """θ'_k: ``warmup_epochs`` of the client's local training from θ^0, with a fresh optimizer (full batches)."""
         precision = trainer.precision
         torch.manual_seed(seed)
         generator = torch.Generator().manual_seed(seed)
         module.train()
         optimizer = module.configure_optimizers()
+        data = trainer.datamodule
+        full = min(data.batch_size, int(data.num_samples[client]))
         for _ in range(self.warmup_epochs):
-            for batch in trainer.datamodule.train_batches(client, generator):
+            for batch in data.train_batches(client, generator):
+                if len(batch[1]) < full:
+                    continue  # a short last batch (of one image, BatchNorm fails) is dropped, as MOON's loaders do
                 batch = precision.convert_input(batch)
                 with precision.forward_context():
                     loss = module.training_step(batch, 0)["loss"]

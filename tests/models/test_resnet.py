@@ -75,5 +75,13 @@ def test_missing_pretrained_file_says_what_to_do(tmp_path):
 
 
 def test_pretrained_with_custom_widths_is_refused():
-    with pytest.raises(ConfigError, match="leave channels and layers unset"):
+    with pytest.raises(ConfigError, match="leave channels, layers and stem_width unset"):
         create_model("resnet18", input_shape=(3, 32, 32), num_classes=10, pretrained=True, channels=(8, 8, 8, 8))
+
+
+def test_narrow_stem_feeds_the_first_block():
+    model = tiny(stem_width=4)
+    backbone = model.backbone
+    assert backbone.conv1.out_channels == backbone.bn1.num_features == 4
+    assert backbone.layer1[0].conv1.in_channels == backbone.layer1[0].downsample[0].in_channels == 4
+    assert model(torch.randn(2, 3, 16, 16)).shape == (2, 5)
