@@ -9,7 +9,9 @@ guided backward pass. This script measures, side by side, in one fresh process p
 - ``streamed``: fedlight's pass, in batches of 1, 50 and 500 images (500: the whole client at once);
 - ``channel-mean maps kept``: the same pass, but Ḡ_l (the channel means, the paper's Eq. 12) of every
   image and layer are kept until the end, then reduced;
-- ``full maps kept``: G_l with all its channels kept for every image and layer (the paper's §3.4 setting).
+- ``full maps kept``: G_l with all its channels kept for every image and layer (the paper's §3.4 setting);
+
+and both ways again for a client of 2,000 images, to show which memory grows with the client.
 
 Memory is the peak resident set size of the pass above the process's size just before it (the kernel's
 high-water mark, reset before the pass); with CUDA the peak allocated GPU memory is measured instead.
@@ -32,12 +34,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # this checkout's fedlight
 
+#: (how, batch size, client images); the 2000-image rows show what grows with the client and what does not
 SETTINGS = [
-    ("streamed", 1),
-    ("streamed", 50),
-    ("streamed", 500),
-    ("channel-mean maps kept", 50),
-    ("full maps kept", 50),
+    ("streamed", 1, 500),
+    ("streamed", 50, 500),
+    ("streamed", 500, 500),
+    ("channel-mean maps kept", 50, 500),
+    ("full maps kept", 50, 500),
+    ("streamed", 50, 2000),
+    ("full maps kept", 50, 2000),
 ]
 
 
@@ -58,25 +63,26 @@ def kept_maps_saliency(net, images, targets, batch_size: int, channels: bool) ->
     kept: list[list[torch.Tensor]] = []  # per layer, the batches' maps
     for start in range(0, len(targets), batch_size):
         x, y = images[start : start + batch_size], targets[start : start + batch_size]
-        outputs, maps = [], []
+        outputs, maps, tensor_hooks = [], [], []
 
-        def record(module, args, output, maps=maps, outputs=outputs):
+        def record(module, args, output, outputs=outputs, maps=maps, tensor_hooks=tensor_hooks):
+            position = len(outputs)
             outputs.append(output)
-            position = len(maps)
             maps.append(None)
 
-            def keep(grad, output=output, position=position):
-                saliency = grad * output.detach().relu()  # G_l [B, C, H, W]
+            def keep(grad, position=position):
+                saliency = grad * outputs[position].detach().relu()  # G_l [B, C, H, W]
                 maps[position] = saliency if channels else saliency.mean(dim=1)  # or Ḡ_l [B, H, W]
 
-            output.register_hook(keep)
+            tensor_hooks.append(output.register_hook(keep))
 
         handles = [m.register_forward_hook(record) for m in net.modules() if isinstance(m, nn.Conv2d)]
         with torch.enable_grad(), guided_relus(net):
             score = net(x).gather(1, y.view(-1, 1)).sum()
             torch.autograd.grad(score, outputs[0])
-        for handle in handles:
+        for handle in handles + tensor_hooks:
             handle.remove()
+        outputs.clear()
         for layer, saliency in enumerate(maps):
             if layer == len(kept):
                 kept.append([])
@@ -88,7 +94,7 @@ def kept_maps_saliency(net, images, targets, batch_size: int, channels: bool) ->
     return float(layer_weights(len(stored), 0.5) @ norms.double().sum(dim=1)), megabytes
 
 
-def child(mode: str, batch_size: int, device: str) -> dict:
+def child(mode: str, batch_size: int, num_images: int, device: str) -> dict:
     import torch
 
     from fedlight.metrics.functional.saliency import layer_weights, saliency_norms
@@ -96,8 +102,8 @@ def child(mode: str, batch_size: int, device: str) -> dict:
 
     torch.manual_seed(0)
     net = create_model("resnet18", input_shape=(3, 32, 32), num_classes=10).to(device).eval()
-    images = torch.randint(0, 256, (500, 3, 32, 32), dtype=torch.uint8, device=device)
-    targets = torch.randint(0, 10, (500,), device=device)
+    images = torch.randint(0, 256, (num_images, 3, 32, 32), dtype=torch.uint8, device=device)
+    targets = torch.randint(0, 10, (num_images,), device=device)
     for module in net.modules():  # timm starts each block's last BatchNorm at 0; a trained net has no zeros
         if isinstance(module, torch.nn.BatchNorm2d):
             torch.nn.init.uniform_(module.weight, 0.5, 1.5)
@@ -115,7 +121,7 @@ def child(mode: str, batch_size: int, device: str) -> dict:
     if mode == "streamed":
         totals = sum(
             saliency_norms(net, images[s : s + batch_size], targets[s : s + batch_size]).double().sum(dim=0)
-            for s in range(0, 500, batch_size)
+            for s in range(0, num_images, batch_size)
         )
         weight = float(layer_weights(len(totals), 0.5) @ totals)
     else:
@@ -124,39 +130,41 @@ def child(mode: str, batch_size: int, device: str) -> dict:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - started
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else _rss_mb("VmHWM")
-    return {"mode": mode, "batch": batch_size, "peak_mb": peak - before, "kept_mb": kept_mb, "seconds": seconds,
-            "weight": weight}  # fmt: skip
+    return {"mode": mode, "batch": batch_size, "images": num_images, "peak_mb": peak - before, "kept_mb": kept_mb,
+            "seconds": seconds, "weight": weight}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--child", nargs=2, metavar=("MODE", "BATCH"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=3, metavar=("MODE", "BATCH", "IMAGES"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         import torch
 
         torch.set_num_threads(1)
-        print(json.dumps(child(args.child[0], int(args.child[1]), args.device)))
+        print(json.dumps(child(args.child[0], int(args.child[1]), int(args.child[2]), args.device)))
         return 0
     rows = []
-    for mode, batch in SETTINGS:
-        command = [sys.executable, __file__, "--device", args.device, "--child", mode, str(batch)]
+    for mode, batch, images in SETTINGS:
+        command = [sys.executable, __file__, "--device", args.device, "--child", mode, str(batch), str(images)]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         result = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
         rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
-    reference = next(r for r in rows if r["mode"] == "streamed" and r["batch"] == 50)
+    reference = next(r for r in rows if r["mode"] == "streamed" and r["batch"] == 50 and r["images"] == 500)
     unit = "GPU memory allocated" if args.device.startswith("cuda") else "resident set"
-    print(f"R_k of one client: ResNet-18 (timm, 11.2M parameters), 500 images of 32×32, device {args.device}.")
-    print(f"Peak {unit} of the pass above the process before it; ratios against streamed in batches of 50.\n")
-    print("| how | batch | peak MB | × streamed/50 | maps kept MB | seconds | R_k |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"R_k of one client: ResNet-18 (timm, 11.2M parameters), 32×32 images, device {args.device}.")
+    print(f"Peak {unit} of the pass above the process before it; ratios against 500 images streamed by 50.\n")
+    print("| how | images | batch | peak MB | ratio | maps kept MB | seconds | R_k |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         ratio = r["peak_mb"] / reference["peak_mb"]
-        print(f"| {r['mode']} | {r['batch']} | {r['peak_mb']:.1f} | {ratio:.2f} | {r['kept_mb']:.1f} | "
-              f"{r['seconds']:.2f} | {r['weight']:.6g} |")  # fmt: skip
-    spread = max(r["weight"] for r in rows) / min(r["weight"] for r in rows) - 1
-    print(f"\nR_k agrees across settings to a relative {spread:.1e}.")
+        print(f"| {r['mode']} | {r['images']} | {r['batch']} | {r['peak_mb']:.1f} | {ratio:.2f} | "
+              f"{r['kept_mb']:.1f} | {r['seconds']:.2f} | {r['weight']:.6g} |")  # fmt: skip
+    # one client, one R_k, however it is computed
+    weights = [r["weight"] for r in rows if r["images"] == 500]
+    spread = max(weights) / min(weights) - 1
+    print(f"\nR_k of the 500-image client agrees across settings to a relative {spread:.1e}.")
     return 0 if spread < 1e-4 else 1
 
 

@@ -100,7 +100,8 @@ def saliency_norms(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
     [[2.0]]
     """
     norms: list[torch.Tensor] = []  # one [B] per convolution call, in forward order
-    outputs: list[torch.Tensor] = []  # the convolution outputs F_l, to start backpropagation from
+    outputs: list[torch.Tensor | None] = []  # the convolution outputs F_l, until their gradient arrives
+    tensor_hooks = []
 
     def record(module: nn.Module, args: Any, output: torch.Tensor) -> None:
         position = len(norms)
@@ -109,14 +110,18 @@ def saliency_norms(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
         version = output._version
 
         def reduce(grad: torch.Tensor) -> None:
-            assert output._version == version, (
+            activation = outputs[position]
+            assert activation._version == version, (
                 f"convolution {position} ({module}) had its output modified in place before backpropagation; "
                 "the saliency needs ReLU(F) of the unmodified output"
             )
-            saliency = (grad.float() * output.detach().float().relu()).mean(dim=1)  # Ḡ_l, [B, H_l, W_l]
+            saliency = (grad.float() * activation.detach().float().relu()).mean(dim=1)  # Ḡ_l, [B, H_l, W_l]
             norms[position] = torch.linalg.vector_norm(saliency.flatten(1), dim=1)  # N_l, [B]
+            if position > 0:
+                outputs[position] = None  # not needed any more (the first one is the backward's target)
 
-        output.register_hook(reduce)
+        # the hook reaches F_l through the list, not a closure over it: no reference cycle keeps it alive
+        tensor_hooks.append(output.register_hook(reduce))
 
     convolutions = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
     assert convolutions, f"{type(model).__name__} has no nn.Conv2d, so it has no saliency to measure"
@@ -129,8 +134,9 @@ def saliency_norms(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
             # firing their hooks; only that [B, C_1, H_1, W_1] gradient is returned
             torch.autograd.grad(score, outputs[0])
     finally:
-        for handle in handles:
+        for handle in handles + tensor_hooks:
             handle.remove()
+        outputs.clear()
     return torch.stack(norms, dim=1)
 
 
