@@ -151,7 +151,7 @@ class FedSLS(Strategy):
         for inputs, targets in self._batches(trainer, client):
             inputs = precision.convert_input(inputs)
             with precision.forward_context():
-                norms = saliency_norms(module.net, inputs, targets, guided=self.guided)  # [B, L]
+                norms = saliency_norms(module, inputs, targets, guided=self.guided)  # [B, L]; forward gives logits
             batch_totals = norms.sum(dim=0, dtype=torch.float64)
             totals = batch_totals if totals is None else totals + batch_totals
         module.train(was_training)
