@@ -77,6 +77,19 @@ class FlatState:
         flat = torch.cat([state[e.name].reshape(-1).float() for e in self.entries])
         return flat, {name: state[name].clone() for name in self.integer_names}
 
+    def parameter_mask(self, module: nn.Module) -> torch.Tensor:
+        """Returns ``[P]`` bool: true where the flat state holds a parameter, false for floating-point buffers.
+
+        Server optimisers (momentum, normalised or rescaled steps) move parameters; buffers such as
+        BatchNorm running statistics are averaged, since a step scaled past 1 could make a variance negative.
+
+        >>> norm = nn.BatchNorm1d(2)  # weight [2], bias [2], then running_mean [2] and running_var [2]
+        >>> FlatState(norm).parameter_mask(norm).tolist()
+        [True, True, True, True, False, False, False, False]
+        """
+        parameters = {name for name, _ in module.named_parameters()}
+        return torch.cat([torch.full((e.numel,), e.name in parameters) for e in self.entries])
+
     def signature(self) -> list[tuple[str, tuple[int, ...]]]:
         """Names and shapes, to check that a checkpoint belongs to the same model."""
         return [(e.name, tuple(e.shape)) for e in self.entries]

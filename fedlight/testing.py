@@ -31,6 +31,37 @@ class ScalarDataset(FederatedDataset):
         return LabelledTensors(torch.zeros(len(groups), 1), targets, groups)
 
 
+class ClientImages(FederatedDataset):
+    """Client k holds ``sizes[k]`` random 8×8 one-channel images of 3 classes drawn from seed ``seeds[k]``.
+
+    Clients with the same seed and size hold identical samples; an image's brightness grows with its class.
+    A separate test set of 30 images is drawn from seed 1000, so with ``test_fraction=0`` each client
+    trains on all of its samples. For rules that need convolutions or features (FedSLS, MOON, FedDecorr).
+    """
+
+    num_classes = 3
+    input_shape = (1, 8, 8)
+
+    def __init__(self, sizes: list[int], seeds: list[int]) -> None:
+        self.sizes, self.seeds = sizes, seeds
+
+    @staticmethod
+    def _draw(size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(seed)
+        targets = torch.randint(3, (size,), generator=generator)
+        # class-dependent brightness, so that training has something to learn
+        inputs = torch.randn(size, 1, 8, 8, generator=generator) + targets.view(-1, 1, 1, 1).float()
+        return inputs, targets
+
+    def load_train(self) -> LabelledTensors:
+        inputs, targets = zip(*(self._draw(n, s) for n, s in zip(self.sizes, self.seeds, strict=True)), strict=True)
+        groups = np.repeat(np.arange(len(self.sizes)), self.sizes)
+        return LabelledTensors(torch.cat(inputs), torch.cat(targets), groups)
+
+    def load_test(self) -> LabelledTensors:
+        return LabelledTensors(*self._draw(30, 1000))
+
+
 class MeanSquaredError(Metric):
     """Mean of the per-sample losses (and a constant 0 accuracy, so the trainer's keys exist)."""
 

@@ -23,6 +23,7 @@ import os
 import time
 import uuid
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,7 +34,7 @@ from tqdm.auto import tqdm
 
 from fedlight import checkpoint as ckpt_io
 from fedlight.callbacks.base import RoundCallback
-from fedlight.clients.base import FederatedClient
+from fedlight.clients.base import FederatedClient, LocalFit
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.distributed import ClientParallelStrategy, assign_clients
 from fedlight.errors import ConfigError
@@ -58,6 +59,9 @@ class FederatedTrainer:
         rounds: number of communication rounds T.
         clients_per_round: clients sampled each round, K' (10 in the papers).
         local_epochs: local epochs F of a client that is not a straggler.
+        local_steps: if set, every client runs exactly this many optimizer steps per round instead of
+            ``local_epochs`` epochs (FedAU's and FedSLS's I local iterations), drawing full batches from
+            successive reshuffled epochs of its data. Needs ``straggler_fraction`` 0.
         straggler_fraction: δ ∈ [0, 1], the share of each round's clients that can only do
             F' ~ UniformInt{1, …, F−1} epochs; the strategy drops or tolerates them.
         eval_every: evaluate the global model every this many rounds (and after the last one).
@@ -86,6 +90,7 @@ class FederatedTrainer:
         rounds: int = 200,
         clients_per_round: int = 10,
         local_epochs: int = 20,
+        local_steps: int | None = None,
         straggler_fraction: float = 0.0,
         eval_every: int = 1,
         checkpoint_every: int = 10,
@@ -114,6 +119,13 @@ class FederatedTrainer:
         ]:
             if value < 1:
                 problems.append(f"Expected --trainer.{flag} ≥ 1, got {value}.")
+        if local_steps is not None and local_steps < 1:
+            problems.append(f"Expected --trainer.local_steps ≥ 1 (or null for epochs), got {local_steps}.")
+        if local_steps is not None and straggler_fraction > 0:
+            problems.append(
+                f"--trainer.local_steps={local_steps} gives every client the same workload, so it cannot be "
+                f"combined with --trainer.straggler_fraction={straggler_fraction}; set one of them to its default."
+            )
         if not 0.0 <= straggler_fraction <= 1.0:
             problems.append(
                 f"Expected --trainer.straggler_fraction (δ) in [0, 1], got {straggler_fraction}. "
@@ -124,6 +136,7 @@ class FederatedTrainer:
         self.rounds = rounds
         self.clients_per_round = clients_per_round
         self.local_epochs = local_epochs
+        self.local_steps = local_steps
         self.straggler_fraction = straggler_fraction
         self.eval_every = eval_every
         self.checkpoint_every = checkpoint_every
@@ -247,9 +260,13 @@ class FederatedTrainer:
                 "clients of the partition. Lower it, or raise the number of clients of --data."
             )
         self.datamodule = datamodule.to(fabric.device)
+        if datamodule.test is not None and len(datamodule.held_out_index) == 0:
+            log.info("--data.test_fraction=0 holds nothing out: only the global test set is evaluated.")
         self.strategy = strategy
         self.config = config
         self.precision = fabric.strategy.precision
+        if ckpt_path is None:  # weights from outside the run (an ImageNet encoder); a checkpoint has its own
+            model.configure_model()
         self.module = self.precision.convert_module(model).to(fabric.device)
         self.layout = FlatState(self.module)
         # W^t: fp32 whatever the compute precision, on the training device.
@@ -386,21 +403,24 @@ class FederatedTrainer:
 
         self.layout.load(module, strategy.initial_state(self, plan, self.global_state), self.global_integers)
         module.train()
-        optimizer = module.configure_optimizers()
+        num_steps = self.local_steps or plan.epochs * self.datamodule.num_batches(plan.client)
+        module.local_fit = LocalFit(round_idx=round_idx, rounds=self.rounds, num_steps=num_steps)
+        optimizer, scheduler = _optimizer_and_scheduler(module.configure_optimizers())
         strategy.on_client_fit_start(self, module, plan)
         loss_sum = torch.zeros((), device=self.fabric.device)
         steps = 0
-        for _ in range(plan.epochs):
-            for batch in self.datamodule.train_batches(plan.client, generator):
-                batch = precision.convert_input(batch)
-                with precision.forward_context():
-                    outputs = module.training_step(batch, steps)
-                    loss = strategy.training_loss(module, batch, outputs)
-                optimizer.zero_grad(set_to_none=True)
-                self.fabric.strategy.backward(loss, module)
-                precision.optimizer_step(optimizer)
-                loss_sum += outputs["loss"].detach().float()  # the task loss, without strategy terms
-                steps += 1
+        for batch in self._local_batches(plan, generator):
+            batch = precision.convert_input(batch)
+            with precision.forward_context():
+                outputs = module.training_step(batch, steps)
+                loss = strategy.training_loss(module, batch, outputs)
+            optimizer.zero_grad(set_to_none=True)
+            self.fabric.strategy.backward(loss, module)
+            precision.optimizer_step(optimizer)
+            if scheduler is not None:
+                scheduler.step()  # Lightning's interval="step": once per optimizer step
+            loss_sum += outputs["loss"].detach().float()  # the task loss, without strategy terms
+            steps += 1
         update = ClientUpdate(
             client=plan.client,
             num_samples=int(self.datamodule.num_samples[plan.client]),
@@ -412,6 +432,27 @@ class FederatedTrainer:
         state = self.layout.flatten(module)
         update.finite = math.isfinite(update.train_loss) and bool(torch.isfinite(state).all())
         return update, state
+
+    def _local_batches(self, plan: ClientPlan, generator: torch.Generator) -> Iterator[Any]:
+        """A client's batches of one round: ``plan.epochs`` epochs, or ``local_steps`` full batches.
+
+        With ``local_steps``, an epoch's short last batch is skipped, as FedAU's sampler does (a batch of
+        one image would also break BatchNorm), unless it is all the client has.
+        """
+        if self.local_steps is None:
+            for _ in range(plan.epochs):
+                yield from self.datamodule.train_batches(plan.client, generator)
+            return
+        batch_size = min(self.datamodule.batch_size, int(self.datamodule.num_samples[plan.client]))
+        steps = 0
+        while True:
+            for batch in self.datamodule.train_batches(plan.client, generator):
+                if len(batch[1]) < batch_size:
+                    continue
+                yield batch
+                steps += 1
+                if steps == self.local_steps:
+                    return
 
     # -- evaluation ----------------------------------------------------------------------------------
     def global_module(self) -> FederatedClient:
@@ -434,15 +475,17 @@ class FederatedTrainer:
         self.global_module()
         metrics: dict[str, float] = {}
         shared_pass = data.test is None
+        if clients and not shared_pass and len(data.held_out_index) == 0:
+            clients = False  # --data.test_fraction=0: the clients keep every sample, only the test set is evaluated
         if clients or (test and shared_pass):
             result = self._evaluation_pass(data.held_out_batches(), data.num_eval_groups)
             if clients:
                 metrics.update({f"clients/{k}": v for k, v in result.items()})
             if test and shared_pass:
-                metrics.update({"test/acc": result["acc"], "test/loss": result["loss"]})
+                metrics.update({f"test/{k}": v for k, v in result.items() if k in self.module.test_metrics})
         if test and not shared_pass:
             result = self._evaluation_pass(data.test_batches(), 1)
-            metrics.update({f"test/{k}": v for k, v in result.items() if k in ("acc", "loss")})
+            metrics.update({f"test/{k}": v for k, v in result.items() if k in self.module.test_metrics})
         return metrics
 
     def _evaluation_pass(self, batches, num_groups: int) -> dict[str, float]:
@@ -557,6 +600,27 @@ class FederatedTrainer:
         gathered: list[Any] = [None] * self.fabric.world_size
         torch.distributed.all_gather_object(gathered, obj)
         return gathered
+
+
+def _optimizer_and_scheduler(
+    configured: torch.optim.Optimizer | dict[str, Any],
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler | None]:
+    """The optimizer and per-step scheduler of ``configure_optimizers``'s return, in Lightning's formats.
+
+    An optimizer alone, or ``{"optimizer": ..., "lr_scheduler": scheduler}`` where the scheduler may be
+    wrapped as ``{"scheduler": ..., "interval": "step"}``. A local fit has no epochs of its own to count,
+    so only per-step schedules are accepted.
+    """
+    if not isinstance(configured, dict):
+        return configured, None
+    scheduler = configured.get("lr_scheduler")
+    if isinstance(scheduler, dict):
+        assert scheduler.get("interval", "step") == "step", (
+            f"configure_optimizers returned a scheduler with interval={scheduler['interval']!r}; federated local "
+            "fits step schedulers once per optimizer step (interval='step')"
+        )
+        scheduler = scheduler["scheduler"]
+    return configured["optimizer"], scheduler
 
 
 def _merge_max(into: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> None:

@@ -10,7 +10,7 @@ from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Synthetic
 from fedlight.errors import ConfigError
 from fedlight.strategies import FedAvg
-from fedlight.testing import Kill, KillAfterRound
+from fedlight.testing import Kill, KillAfterRound, ScalarClient, ScalarDataset
 from fedlight.trainer import FederatedTrainer
 
 
@@ -242,3 +242,95 @@ def test_callbacks_add_logged_metrics_and_are_checkpointed(tmp_path):
     resumed = make_trainer(tmp_path, rounds=3, callbacks=[resumed_callback])
     resumed.fit(make_model(), synthetic_data(), FedAvg(), ckpt_path=trainer.run_dir / "checkpoints" / "last.ckpt")
     assert resumed_callback.rounds_seen == 3 and resumed_callback.starts == [2]
+
+
+class RecordSteps(FedAvg):
+    """FedAvg that keeps every update and the size of every batch, to read the clients' steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.updates, self.batch_sizes = [], []
+
+    def training_loss(self, module, batch, outputs):
+        self.batch_sizes.append(len(batch[1]))
+        return outputs["loss"]
+
+    def on_round_end(self, trainer, round_idx, updates):
+        self.updates += updates
+        return {}
+
+
+@pytest.mark.parametrize(("local_steps", "expected_steps"), [(None, 2), (3, 3), (5, 5)])
+def test_local_steps_run_exactly_that_many_sgd_steps_across_epochs(tmp_path, local_steps, expected_steps):
+    # 8 samples of target 2, half held out: 4 training samples in batches of 2, so an epoch is 2 steps and
+    # 3 or 5 steps run into a second and third epoch. Each step is w ← w − ½(w − 2) from w = 0.
+    data = FederatedDataModule(ScalarDataset([8], [2.0]), batch_size=2, test_fraction=0.5)
+    trainer = FederatedTrainer(
+        rounds=1, clients_per_round=1, local_epochs=1, local_steps=local_steps, logger=None,
+        enable_progress_bar=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    strategy = RecordSteps()
+    trainer.fit(ScalarClient(lr=0.5), data, strategy)
+    assert [u.num_steps for u in strategy.updates] == [expected_steps]
+    assert trainer.global_state.item() == pytest.approx(2.0 * (1 - 0.5**expected_steps))
+
+
+@pytest.mark.parametrize(("train_samples", "sizes"), [(5, [2, 2, 2, 2, 2]), (1, [1, 1, 1, 1, 1])])
+def test_local_steps_skip_short_batches_unless_the_client_has_no_other(tmp_path, train_samples, sizes):
+    # 5 samples in batches of 2 give 2, 2, 1 per epoch: the 1 is skipped; a 1-sample client keeps its batch
+    data = FederatedDataModule(ScalarDataset([2 * train_samples], [2.0]), batch_size=2, test_fraction=0.5)
+    trainer = FederatedTrainer(
+        rounds=1, clients_per_round=1, local_epochs=1, local_steps=5, logger=None, enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )  # fmt: skip
+    strategy = RecordSteps()
+    trainer.fit(ScalarClient(lr=0.5), data, strategy)
+    assert strategy.batch_sizes == sizes
+
+
+def test_local_steps_exclude_stragglers():
+    with pytest.raises(ConfigError) as err:
+        FederatedTrainer(local_steps=0, straggler_fraction=0.5)
+    assert "--trainer.local_steps ≥ 1" in str(err.value)
+    assert "cannot be combined with --trainer.straggler_fraction=0.5" in str(err.value)
+
+
+def test_without_held_out_samples_only_the_test_set_is_evaluated(tmp_path):
+    data = FederatedDataModule(Synthetic(num_clients=8, dim=12, seed=1), batch_size=10, test_fraction=0.0)
+    data.dataset.load_test = lambda: data.dataset.load_train()  # a separate global test set
+    metrics = make_trainer(tmp_path, rounds=1, straggler_fraction=0.0).fit(make_model(), data, FedAvg())
+    assert 0.0 <= metrics["test/acc"] <= 1.0
+    assert not any(key.startswith("clients/") for key in metrics)
+
+
+class ScheduledClient(ClassificationClient):
+    """Halves the learning rate every step and records what each fit was told and which rates it used."""
+
+    def __init__(self):
+        torch.manual_seed(0)
+        super().__init__(num_classes=10, input_shape=(12,), model="mlp", model_kwargs={"hidden": [16]})
+        self.fits, self.rates, self.configured = [], [], 0
+
+    def configure_model(self):
+        self.configured += 1
+
+    def configure_optimizers(self):
+        self.fits.append(self.local_fit)
+        self.sgd = torch.optim.SGD(self.parameters(), lr=1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(self.sgd, lambda step: 0.5**step)
+        return {"optimizer": self.sgd, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def training_step(self, batch, batch_idx):
+        self.rates.append(self.sgd.param_groups[0]["lr"])
+        return super().training_step(batch, batch_idx)
+
+
+def test_schedulers_step_per_optimizer_step_and_know_their_fit(tmp_path):
+    model = ScheduledClient()
+    trainer = make_trainer(tmp_path, rounds=2, straggler_fraction=0.0, local_epochs=2, clients_per_round=2)
+    trainer.fit(model, synthetic_data(), FedAvg())
+    assert model.configured == 1  # once, before W^0 is taken
+    assert [fit.round_idx for fit in model.fits] == [0, 0, 1, 1] and {fit.rounds for fit in model.fits} == {2}
+    steps = [fit.num_steps for fit in model.fits]
+    assert sum(steps) == len(model.rates)  # each fit ran the steps it was announced
+    assert model.rates == pytest.approx([0.5**step for num_steps in steps for step in range(num_steps)])

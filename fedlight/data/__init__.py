@@ -2,14 +2,21 @@
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
 from fedlight.data.celeba import CelebA
+from fedlight.data.cifar import CIFAR10, CIFAR100
+from fedlight.data.cinic10 import CINIC10
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.data.digits import Digits
 from fedlight.data.femnist import FEMNIST
 from fedlight.data.mnist import MNIST
 from fedlight.data.npz import NpzDataset
+from fedlight.data.scenes import Scenes
 from fedlight.data.synthetic import Synthetic
+from fedlight.data.tiny_imagenet import TinyImageNet
 
 __all__ = [
+    "CIFAR10",
+    "CIFAR100",
+    "CINIC10",
     "FEMNIST",
     "MNIST",
     "CelebA",
@@ -18,5 +25,7 @@ __all__ = [
     "FederatedDataset",
     "LabelledTensors",
     "NpzDataset",
+    "Scenes",
     "Synthetic",
+    "TinyImageNet",
 ]

@@ -86,3 +86,73 @@ def straggler_plan(
     if local_epochs > 1:
         epochs[mask] = rng.integers(1, local_epochs, size=int(mask.sum()))
     return mask, epochs
+
+
+def server_momentum(
+    global_state: torch.Tensor,
+    aggregate: torch.Tensor,
+    velocity: torch.Tensor,
+    beta: float,
+    lr: float = 1.0,
+    form: str = "hsu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One FedAvgM server step (Hsu et al. 2019): returns ``(W^{t+1}, v^{t+1})``.
+
+    With the pseudo-gradient Δ = W^t − avg_k W_k^{t+1}::
+
+        hsu:  v ← βv + Δ,          W^{t+1} = W^t − η v
+        ema:  v ← βv + (1 − β)Δ,   W^{t+1} = W^t − η v     (MOON's and FedDecorr's code)
+
+    The EMA form is the Hsu form with the server learning rate scaled by (1 − β). β = 0 with η = 1 is FedAvg.
+
+    Args:
+        global_state: ``[P]`` W^t.
+        aggregate: ``[P]`` the weighted average of the clients' states.
+        velocity: ``[P]`` v, zeros before the first round.
+        beta: β ∈ [0, 1).
+        lr: η, the server learning rate.
+        form: ``hsu`` or ``ema``.
+
+    Two rounds with the same pseudo-gradient 1: v = 1 then 0.5·1 + 1 = 1.5.
+
+    >>> w, v = server_momentum(torch.tensor([5.0]), torch.tensor([4.0]), torch.zeros(1), beta=0.5)
+    >>> w, v = server_momentum(w, w - 1.0, v, beta=0.5)
+    >>> w.item(), v.item()
+    (2.5, 1.5)
+    """
+    assert form in ("hsu", "ema"), f"unknown server momentum form {form!r}"
+    pseudo_gradient = global_state - aggregate  # Δ: updates are the opposite of gradients
+    step = pseudo_gradient if form == "hsu" else (1.0 - beta) * pseudo_gradient
+    velocity = beta * velocity + step
+    return global_state - lr * velocity, velocity
+
+
+def fednova_normalizer(steps: int, momentum: float = 0.0, lr_mu: float = 0.0) -> float:
+    """FedNova's a_i: how many plain-SGD steps a client's ``steps`` local steps amount to (Wang et al. 2020).
+
+    The client's accumulated update is w^t − w_i = η Σ_s (effective step s); d_i = (w^t − w_i)/a_i is then
+    the average of the local gradients. Per step, as the official optimizer (``JYWa/FedNova``) counts:
+
+    - plain SGD: a += 1, so a_i = τ_i;
+    - momentum ρ: c ← ρc + 1, a += c, so a_i = Σ_{s=1}^{τ} Σ_{j<s} ρ^j = [τ − ρ(1 − ρ^τ)/(1 − ρ)]/(1 − ρ);
+    - proximal term (η μ > 0): a ← a(1 − ημ) + 1, so a_i = Σ_{j<τ} (1 − ημ)^j (after the momentum
+      increment when both are on, as in the official code).
+
+    Args:
+        steps: τ_i, the local steps run.
+        momentum: ρ of SGD with momentum.
+        lr_mu: η μ, the local learning rate times FedProx's μ.
+
+    >>> fednova_normalizer(5), fednova_normalizer(2, momentum=0.5), fednova_normalizer(2, lr_mu=0.5)
+    (5.0, 2.5, 1.5)
+    """
+    counter, normalizer = 0.0, 0.0
+    for _ in range(steps):
+        if momentum != 0:
+            counter = counter * momentum + 1.0
+            normalizer += counter
+        if lr_mu != 0:
+            normalizer = normalizer * (1.0 - lr_mu) + 1.0
+        if momentum == 0 and lr_mu == 0:
+            normalizer += 1.0
+    return normalizer

@@ -1,16 +1,32 @@
-"""Invariants every aggregation rule that runs on :class:`ScalarClient` must satisfy, through the engine.
+"""Invariants every aggregation rule must satisfy, through the engine.
 
-Each client minimises ½(w − y_k)² from the global w; the rules differ in how they combine the results,
-but none may move identical clients, change a lone client's result, depend on the order of the
-clients or lose anything across a checkpoint.
+Rules that need nothing but a state run on :class:`ScalarClient`: each client minimises ½(w − y_k)² from
+the global w. Rules that read features, convolutions or previous local models (FedDecorr, MOON, FedSLS,
+FedSL) run on a small CNN classifier over 8×8 images, in full batches so that a client's result does not
+depend on its batch order. The rules differ in how they combine the results, but none may move identical
+clients, change a lone client's result, depend on the order of the clients or lose anything across a
+checkpoint.
 """
 
 import pytest
 import torch
 
+from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
-from fedlight.strategies import Fairness, FedAtt, FedAvg, FedProx
-from fedlight.testing import ScalarClient, ScalarDataset
+from fedlight.strategies import (
+    MOON,
+    Fairness,
+    FedAtt,
+    FedAU,
+    FedAvg,
+    FedAvgM,
+    FedDecorr,
+    FedNova,
+    FedProx,
+    FedSL,
+    FedSLS,
+)
+from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
 from fedlight.trainer import FederatedTrainer
 
 STRATEGIES = {
@@ -18,12 +34,32 @@ STRATEGIES = {
     "fedprox": lambda: FedProx(mu=0.5),
     "fedatt": lambda: FedAtt(sigma=0.0),
     "fairness": Fairness,
+    "fedavgm": lambda: FedAvgM(momentum=0.5),
+    "fednova": FedNova,
+    "fedau": FedAU,
+}
+# Rules that need a network with features and convolutions; every rule of STRATEGIES runs there too.
+IMAGE_STRATEGIES = {
+    "fedavg": FedAvg,
+    "feddecorr": lambda: FedDecorr(beta=1.0),
+    "moon": lambda: MOON(mu=1.0),
+    "fedsls": lambda: FedSLS(server_lr=0.5),
+    "fedsls_dynamic": lambda: FedSLS(mode="dynamic"),
+    "fedsl": lambda: FedSL(factor=2),
+    "fedavgm": lambda: FedAvgM(momentum=0.5),
+    "fednova": FedNova,
+    "fedau": FedAU,
 }
 
 
 @pytest.fixture(params=list(STRATEGIES), ids=list(STRATEGIES))
 def make_strategy(request):
     return STRATEGIES[request.param]
+
+
+@pytest.fixture(params=list(IMAGE_STRATEGIES), ids=list(IMAGE_STRATEGIES))
+def make_image_strategy(request):
+    return IMAGE_STRATEGIES[request.param]
 
 
 def fit(root, sizes, values, strategy, rounds=1, lr=1.0, init=0.0, ckpt_path=None, **trainer_kwargs):
@@ -87,3 +123,65 @@ def test_state_round_trips(make_strategy, tmp_path):
     ckpt = first.run_dir / "checkpoints" / "last.ckpt"
     resumed = fit(tmp_path, sizes, values, make_strategy(), rounds=2, lr=0.5, local_epochs=2, ckpt_path=ckpt)
     torch.testing.assert_close(resumed.global_state, straight.global_state, rtol=0, atol=0)
+
+
+# -- rules on a CNN ------------------------------------------------------------------------------------
+
+
+def fit_images(root, sizes, seeds, strategy, rounds=2, ckpt_path=None):
+    """Returns the trainer after ``rounds`` rounds of every client, 2 full-batch SGD steps each, from one W^0."""
+    data = FederatedDataModule(ClientImages(sizes, seeds), batch_size=1000, test_fraction=0.0)
+    trainer = FederatedTrainer(
+        rounds=rounds, clients_per_round=len(sizes), local_epochs=2, logger=None, enable_progress_bar=False,
+        default_root_dir=root,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    client = ClassificationClient(
+        num_classes=3,
+        input_shape=(1, 8, 8),
+        model="cnn",
+        model_kwargs={"hidden": 8},
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.05),
+    )
+    trainer.fit(client, data, strategy, ckpt_path=ckpt_path)
+    return trainer
+
+
+def test_identical_image_clients_end_where_one_alone_does(make_image_strategy, tmp_path):
+    many = fit_images(tmp_path, [12, 12, 12], [7, 7, 7], make_image_strategy())
+    alone = fit_images(tmp_path, [12], [7], make_image_strategy())
+    torch.testing.assert_close(many.global_state, alone.global_state, rtol=1e-5, atol=1e-6)
+
+
+def test_image_result_does_not_depend_on_client_order(make_image_strategy, tmp_path):
+    sizes, seeds = [10, 14, 8], [1, 2, 3]
+    order = [2, 0, 1]
+    w = fit_images(tmp_path, sizes, seeds, make_image_strategy()).global_state
+    permuted = fit_images(tmp_path, [sizes[i] for i in order], [seeds[i] for i in order], make_image_strategy())
+    # summation orders differ (batch order, BatchNorm statistics): float noise, which FedDecorr's
+    # standardisation of near-constant features amplifies
+    torch.testing.assert_close(permuted.global_state, w, rtol=1e-4, atol=1e-5)
+
+
+def test_image_state_round_trips_through_a_checkpoint(make_image_strategy, tmp_path):
+    sizes, seeds = [10, 14, 8], [1, 2, 3]
+    straight = fit_images(tmp_path, sizes, seeds, make_image_strategy(), rounds=3)
+    first = fit_images(tmp_path, sizes, seeds, make_image_strategy(), rounds=1)
+    ckpt = first.run_dir / "checkpoints" / "last.ckpt"
+    resumed = fit_images(tmp_path, sizes, seeds, make_image_strategy(), rounds=3, ckpt_path=ckpt)
+    torch.testing.assert_close(resumed.global_state, straight.global_state, rtol=0, atol=0)
+    strategy, clone = resumed.strategy, make_image_strategy()
+    clone.load_state_dict(strategy.state_dict())
+    _assert_same_state(clone.state_dict(), strategy.state_dict())
+
+
+def _assert_same_state(a, b):
+    assert type(a) is type(b)
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            _assert_same_state(a[key], b[key])
+    elif isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    else:
+        assert a == b

@@ -1,0 +1,73 @@
+"""CIFAR-10 and CIFAR-100 (Krizhevsky 2009) from torchvision's files, as the FedSLS paper uses them (spec §2.2).
+
+The 50,000 training images are the pool partitioned over the clients (the MOON-style
+:class:`~fedlight.data.partition.Dirichlet`, spec §6.6); the 10,000 test images are the global test set.
+Images stay ``[N, 3, 32, 32]`` uint8 in memory (150 MB for a pool, a quarter of float32); the ResNet
+models standardise them (:class:`~fedlight.models.resnet.ResNet`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torchvision.datasets import CIFAR10 as TorchvisionCIFAR10
+from torchvision.datasets import CIFAR100 as TorchvisionCIFAR100
+
+from fedlight.data.base import FederatedDataset, LabelledTensors
+from fedlight.errors import ConfigError
+
+
+class CIFAR10(FederatedDataset):
+    """CIFAR-10: 10 classes, ``[N, 3, 32, 32]`` uint8 images, a separate 10,000-image test set.
+
+    Args:
+        root: the folder holding ``cifar-10-batches-py/`` (what ``torchvision.datasets.CIFAR10(root,
+            download=True)`` leaves there).
+    """
+
+    num_classes = 10
+    input_shape = (3, 32, 32)
+    _torchvision = TorchvisionCIFAR10
+    _folder = "cifar-10-batches-py"
+
+    def __init__(self, root: str = "data/cifar10") -> None:
+        self.root = root
+
+    def load_train(self) -> LabelledTensors:
+        """The 50,000 training images, in file order."""
+        return self._read(train=True)
+
+    def load_test(self) -> LabelledTensors:
+        """The 10,000 test images."""
+        return self._read(train=False)
+
+    def _read(self, train: bool) -> LabelledTensors:
+        try:
+            split = self._torchvision(self.root, train=train, download=False)
+        except RuntimeError as error:
+            name = self._torchvision.__name__
+            raise ConfigError(
+                f"{name} was not found under --data.dataset.init_args.root={self.root} ({error}). On a machine "
+                f"with network, run python -c \"from torchvision.datasets import {name}; {name}('{self.root}', "
+                f'download=True)" and copy {Path(self.root) / self._folder}/ here (or download '
+                f"{self._torchvision.url} and extract it into {self.root}/)."
+            ) from error
+        images = torch.from_numpy(split.data).permute(0, 3, 1, 2).contiguous()  # [N, 32, 32, 3] → [N, 3, 32, 32]
+        return LabelledTensors(inputs=images, targets=torch.tensor(split.targets, dtype=torch.int64))
+
+
+class CIFAR100(CIFAR10):
+    """CIFAR-100 with its 100 fine classes; otherwise as :class:`CIFAR10`.
+
+    Args:
+        root: the folder holding ``cifar-100-python/`` (what ``torchvision.datasets.CIFAR100(root,
+            download=True)`` leaves there).
+    """
+
+    num_classes = 100
+    _torchvision = TorchvisionCIFAR100
+    _folder = "cifar-100-python"
+
+    def __init__(self, root: str = "data/cifar100") -> None:
+        super().__init__(root)
