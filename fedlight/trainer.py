@@ -542,6 +542,13 @@ class FederatedTrainer:
             self._wandb.log_metrics(logged, step=int(scalars["round"]))
         return scalars
 
+    def log_images(self, images: dict[str, list[Any]], step: int) -> None:
+        """Sends images (file paths, arrays or PIL images) to W&B under their keys, from rank 0; CSV keeps none."""
+        if self.fabric.global_rank != 0 or getattr(self, "_wandb", None) is None:
+            return
+        for key, values in images.items():
+            self._wandb.log_image(key=key, images=list(values), step=step)
+
     def _finish_loggers(self) -> None:
         if getattr(self, "_wandb", None) is not None:
             self._wandb.finalize("success")

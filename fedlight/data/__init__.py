@@ -9,6 +9,7 @@ from fedlight.data.mnist import MNIST
 from fedlight.data.npz import NpzDataset
 from fedlight.data.scenes import Scenes
 from fedlight.data.synthetic import Synthetic
+from fedlight.data.voc import PascalVOC
 
 __all__ = [
     "FEMNIST",
@@ -19,6 +20,7 @@ __all__ = [
     "FederatedDataset",
     "LabelledTensors",
     "NpzDataset",
+    "PascalVOC",
     "Scenes",
     "Synthetic",
 ]
