@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from fedlight import checkpoint as ckpt_io
 from fedlight.callbacks.base import RoundCallback
-from fedlight.clients.base import FederatedClient
+from fedlight.clients.base import FederatedClient, LocalFit
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.distributed import ClientParallelStrategy, assign_clients
 from fedlight.errors import ConfigError
@@ -251,6 +251,8 @@ class FederatedTrainer:
         self.strategy = strategy
         self.config = config
         self.precision = fabric.strategy.precision
+        if ckpt_path is None:  # weights from outside the run (an ImageNet encoder); a checkpoint has its own
+            model.configure_model()
         self.module = self.precision.convert_module(model).to(fabric.device)
         self.layout = FlatState(self.module)
         self._evaluation_metrics: dict[int, Metric] = {}
@@ -392,7 +394,9 @@ class FederatedTrainer:
 
         self.layout.load(module, strategy.initial_state(self, plan, self.global_state), self.global_integers)
         module.train()
-        optimizer = module.configure_optimizers()
+        num_steps = plan.epochs * self.datamodule.num_batches(plan.client)
+        module.local_fit = LocalFit(round_idx=round_idx, rounds=self.rounds, num_steps=num_steps)
+        optimizer, scheduler = _optimizer_and_scheduler(module.configure_optimizers())
         strategy.on_client_fit_start(self, module, plan)
         loss_sum = torch.zeros((), device=self.fabric.device)
         steps = 0
@@ -405,6 +409,8 @@ class FederatedTrainer:
                 optimizer.zero_grad(set_to_none=True)
                 self.fabric.strategy.backward(loss, module)
                 precision.optimizer_step(optimizer)
+                if scheduler is not None:
+                    scheduler.step()  # Lightning's interval="step": once per optimizer step
                 loss_sum += outputs["loss"].detach().float()  # the task loss, without strategy terms
                 steps += 1
         update = ClientUpdate(
@@ -445,10 +451,10 @@ class FederatedTrainer:
             if clients:
                 metrics.update({f"clients/{k}": v for k, v in result.items()})
             if test and shared_pass:
-                metrics.update({"test/acc": result["acc"], "test/loss": result["loss"]})
+                metrics.update({f"test/{k}": v for k, v in result.items() if k in self.module.test_metrics})
         if test and not shared_pass:
             result = self._evaluation_pass(data.test_batches(), 1)
-            metrics.update({f"test/{k}": v for k, v in result.items() if k in ("acc", "loss")})
+            metrics.update({f"test/{k}": v for k, v in result.items() if k in self.module.test_metrics})
         return metrics
 
     def _evaluation_metric(self, num_groups: int) -> Metric:
@@ -550,6 +556,13 @@ class FederatedTrainer:
             self._wandb.log_metrics(logged, step=int(scalars["round"]))
         return scalars
 
+    def log_images(self, images: dict[str, list[Any]], step: int) -> None:
+        """Sends images (file paths, arrays or PIL images) to W&B under their keys, from rank 0; CSV keeps none."""
+        if self.fabric.global_rank != 0 or getattr(self, "_wandb", None) is None:
+            return
+        for key, values in images.items():
+            self._wandb.log_image(key=key, images=list(values), step=step)
+
     def _finish_loggers(self) -> None:
         if getattr(self, "_wandb", None) is not None:
             self._wandb.finalize("success")
@@ -590,6 +603,27 @@ def _all_finite(flat: torch.Tensor) -> bool:
     One reduction, several times cheaper than ``torch.isfinite(flat).all()`` on the CPU.
     """
     return math.isfinite(flat.sum(dtype=torch.float64).item())
+
+
+def _optimizer_and_scheduler(
+    configured: torch.optim.Optimizer | dict[str, Any],
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler | None]:
+    """The optimizer and per-step scheduler of ``configure_optimizers``'s return, in Lightning's formats.
+
+    An optimizer alone, or ``{"optimizer": ..., "lr_scheduler": scheduler}`` where the scheduler may be
+    wrapped as ``{"scheduler": ..., "interval": "step"}``. A local fit has no epochs of its own to count,
+    so only per-step schedules are accepted.
+    """
+    if not isinstance(configured, dict):
+        return configured, None
+    scheduler = configured.get("lr_scheduler")
+    if isinstance(scheduler, dict):
+        assert scheduler.get("interval", "step") == "step", (
+            f"configure_optimizers returned a scheduler with interval={scheduler['interval']!r}; federated local "
+            "fits step schedulers once per optimizer step (interval='step')"
+        )
+        scheduler = scheduler["scheduler"]
+    return configured["optimizer"], scheduler
 
 
 def _merge_max(into: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> None:

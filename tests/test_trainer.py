@@ -242,3 +242,36 @@ def test_callbacks_add_logged_metrics_and_are_checkpointed(tmp_path):
     resumed = make_trainer(tmp_path, rounds=3, callbacks=[resumed_callback])
     resumed.fit(make_model(), synthetic_data(), FedAvg(), ckpt_path=trainer.run_dir / "checkpoints" / "last.ckpt")
     assert resumed_callback.rounds_seen == 3 and resumed_callback.starts == [2]
+
+
+class ScheduledClient(ClassificationClient):
+    """Halves the learning rate every step and records what each fit was told and which rates it used."""
+
+    def __init__(self):
+        torch.manual_seed(0)
+        super().__init__(num_classes=10, input_shape=(12,), model="mlp", model_kwargs={"hidden": [16]})
+        self.fits, self.rates, self.configured = [], [], 0
+
+    def configure_model(self):
+        self.configured += 1
+
+    def configure_optimizers(self):
+        self.fits.append(self.local_fit)
+        self.sgd = torch.optim.SGD(self.parameters(), lr=1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(self.sgd, lambda step: 0.5**step)
+        return {"optimizer": self.sgd, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def training_step(self, batch, batch_idx):
+        self.rates.append(self.sgd.param_groups[0]["lr"])
+        return super().training_step(batch, batch_idx)
+
+
+def test_schedulers_step_per_optimizer_step_and_know_their_fit(tmp_path):
+    model = ScheduledClient()
+    trainer = make_trainer(tmp_path, rounds=2, straggler_fraction=0.0, local_epochs=2, clients_per_round=2)
+    trainer.fit(model, synthetic_data(), FedAvg())
+    assert model.configured == 1  # once, before W^0 is taken
+    assert [fit.round_idx for fit in model.fits] == [0, 0, 1, 1] and {fit.rounds for fit in model.fits} == {2}
+    steps = [fit.num_steps for fit in model.fits]
+    assert sum(steps) == len(model.rates)  # each fit ran the steps it was announced
+    assert model.rates == pytest.approx([0.5**step for num_steps in steps for step in range(num_steps)])

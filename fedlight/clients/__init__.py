@@ -1,6 +1,7 @@
 """Client task modules: LightningModules the trainer reuses for every client."""
 
-from fedlight.clients.base import FederatedClient, OptimizerCallable
+from fedlight.clients.base import FederatedClient, LocalFit, OptimizerCallable
 from fedlight.clients.classification import ClassificationClient
+from fedlight.clients.segmentation import SegmentationClient
 
-__all__ = ["ClassificationClient", "FederatedClient", "OptimizerCallable"]
+__all__ = ["ClassificationClient", "FederatedClient", "LocalFit", "OptimizerCallable", "SegmentationClient"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 from lightning import LightningModule
@@ -10,6 +11,21 @@ from torchmetrics import Metric
 
 #: ``params → optimizer``; in YAML ``{class_path: torch.optim.SGD, init_args: {lr: 0.01}}``.
 OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True)
+class LocalFit:
+    """Where a local fit sits in the run, for schedules that span the run (e.g. polynomial LR decay).
+
+    Attributes:
+        round_idx: the round t of this fit, from 0.
+        rounds: the run's number of rounds T.
+        num_steps: optimizer steps this fit will run (local epochs × batches per epoch).
+    """
+
+    round_idx: int
+    rounds: int
+    num_steps: int
 
 
 class FederatedClient(LightningModule):
@@ -25,7 +41,17 @@ class FederatedClient(LightningModule):
       group (client) index, returning the keyword arguments of the :meth:`evaluation_metric`'s
       ``update``;
     - :meth:`evaluation_metric`.
+
+    ``configure_optimizers`` may return Lightning's ``{"optimizer": ..., "lr_scheduler": ...}`` with a
+    per-step scheduler; :attr:`local_fit` tells it the round and the length of the fit it is built for.
+    ``configure_model`` runs once before W^0 is taken from the module (not when resuming a checkpoint):
+    the place to load weights from outside the run, such as a pretrained encoder.
     """
+
+    #: Keys of the evaluation metric's output that are logged for the global test set as ``test/<key>``.
+    test_metrics: tuple[str, ...] = ("acc", "loss")
+    #: Set by the trainer before every ``configure_optimizers`` call.
+    local_fit: LocalFit | None = None
 
     def evaluation_metric(self, num_groups: int) -> Metric:
         """Returns a fresh metric that accumulates ``validation_step`` outputs over ``num_groups`` groups."""

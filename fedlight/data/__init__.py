@@ -7,7 +7,9 @@ from fedlight.data.digits import Digits
 from fedlight.data.femnist import FEMNIST
 from fedlight.data.mnist import MNIST
 from fedlight.data.npz import NpzDataset
+from fedlight.data.scenes import Scenes
 from fedlight.data.synthetic import Synthetic
+from fedlight.data.voc import PascalVOC
 
 __all__ = [
     "FEMNIST",
@@ -18,5 +20,7 @@ __all__ = [
     "FederatedDataset",
     "LabelledTensors",
     "NpzDataset",
+    "PascalVOC",
+    "Scenes",
     "Synthetic",
 ]

@@ -16,18 +16,23 @@ import torch
 
 @dataclass
 class LabelledTensors:
-    """Inputs and integer labels held in memory.
+    """Inputs and integer labels, held in memory or read on demand.
 
     Attributes:
-        inputs: ``[N, ...]`` float32 inputs.
-        targets: ``[N]`` int64 class labels.
+        inputs: ``[N, ...]`` float32 inputs, or a :class:`LazySamples` that reads them batch by batch.
+        targets: ``[N]`` int64 class labels, or ``[N, H, W]`` int64 label maps for dense tasks (255 is
+            void), or a :class:`LazySamples` of them.
         groups: ``[N]`` natural client id of every sample (writer, user, city), or ``None``
             when the dataset has no natural split.
+        labels: ``[N]`` one class per sample for partitioners, when ``targets`` are not that (label maps:
+            the image's object class; a coarsened label set: the fine class, so both variants share one
+            partition). ``None``: partitioners read ``targets``.
     """
 
-    inputs: torch.Tensor
-    targets: torch.Tensor
+    inputs: torch.Tensor | LazySamples
+    targets: torch.Tensor | LazySamples
     groups: np.ndarray | None = None
+    labels: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         assert self.inputs.shape[0] == self.targets.shape[0], (
@@ -36,9 +41,47 @@ class LabelledTensors:
         assert self.groups is None or len(self.groups) == len(self.targets), (
             f"{len(self.groups)} group ids for {len(self.targets)} samples"
         )
+        assert self.labels is None or len(self.labels) == len(self.targets), (
+            f"{len(self.labels)} partition labels for {len(self.targets)} samples"
+        )
 
     def __len__(self) -> int:
         return int(self.targets.shape[0])
+
+    def partition_labels(self) -> np.ndarray:
+        """``[N]`` int64: the one class per sample that partitioners split by."""
+        if self.labels is not None:
+            return np.asarray(self.labels, dtype=np.int64)
+        assert isinstance(self.targets, torch.Tensor) and self.targets.ndim == 1, (
+            "dense or lazy targets need LabelledTensors.labels for the partitioner"
+        )
+        return self.targets.cpu().numpy()
+
+    def to(self, device: torch.device | str) -> LabelledTensors:
+        """Moves resident tensors to ``device``; lazy sources stay where they read from."""
+
+        def move(data: torch.Tensor | LazySamples) -> torch.Tensor | LazySamples:
+            return data.to(device) if isinstance(data, torch.Tensor) else data
+
+        return LabelledTensors(move(self.inputs), move(self.targets), self.groups, self.labels)
+
+
+class LazySamples(ABC):
+    """Samples read on demand, for pools that do not fit in memory (e.g. Pascal VOC's JPEGs).
+
+    Indexing with a ``[B]`` int64 index tensor returns the ``[B, ...]`` stacked batch on the CPU, like
+    indexing a resident tensor, so :class:`~fedlight.data.FederatedDataModule` serves both alike and
+    moves each batch to the training device as it is read.
+    """
+
+    shape: tuple[int, ...]  #: ``(N, ...)``, the shape the stacked pool would have
+
+    @abstractmethod
+    def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
+        """Returns the samples at ``index`` ``[B]``, stacked into ``[B, ...]``."""
+
+    def __len__(self) -> int:
+        return self.shape[0]
 
 
 class FederatedDataset(ABC):

@@ -5,18 +5,26 @@ training device and each client is an index vector into them. A local epoch is a
 of the client's indices drawn from the client's own generator, cut into batches by slicing: no
 ``DataLoader`` per client and no per-sample collation, which would cost more than the small models'
 steps themselves.
+
+Dense tasks use the same path: targets may be ``[N, H, W]`` label maps (the partitioner then reads the
+pool's per-image ``labels``), and a ``train_transform`` (e.g. segmentation's random scale, crop and
+flip) acts on each stacked training batch with draws from the client's generator. Pools too large for
+memory (Pascal VOC) are :class:`~fedlight.data.base.LazySamples`: indexing them reads a stacked batch,
+which is moved to the training device as it is served; the index logic is the same.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Literal
 
 import numpy as np
 import torch
 
-from fedlight.data.base import FederatedDataset, LabelledTensors
+from fedlight.data.base import FederatedDataset, LabelledTensors, LazySamples
 from fedlight.data.partition import Natural, Partitioner
+from fedlight.data.transforms import BatchTransform
 from fedlight.errors import ConfigError
 
 
@@ -39,6 +47,9 @@ class FederatedDataModule:
             are drawn as in the federated run, then the training splits become one client; evaluation
             still reports per-client numbers over the original clients' held-out splits. Run it with
             ``--trainer.clients_per_round=1 --trainer.local_epochs=1``, one round per epoch.
+        train_transform: augmentation applied to every training batch, drawn from the client's own
+            generator (e.g. :class:`~fedlight.data.transforms.RandomScaleCropFlip` for segmentation);
+            evaluation batches are never transformed.
     """
 
     def __init__(
@@ -50,6 +61,7 @@ class FederatedDataModule:
         eval_batch_size: int = 1024,
         seed: int = 0,
         centralized: bool = False,
+        train_transform: BatchTransform | None = None,
     ) -> None:
         problems = []
         if batch_size < 1:
@@ -67,6 +79,8 @@ class FederatedDataModule:
         self.eval_batch_size = eval_batch_size
         self.seed = seed
         self.centralized = centralized
+        self.train_transform = train_transform
+        self.device = torch.device("cpu")
         self._is_setup = False
 
     @property
@@ -83,8 +97,10 @@ class FederatedDataModule:
             return
         rng = np.random.default_rng(self.seed)
         pool = self.dataset.load_train()
-        targets = pool.targets.numpy()
-        clients = self.partitioner(targets, self.num_classes, rng, groups=pool.groups)
+        targets = pool.partition_labels()  # [N], one class per sample even when targets are label maps
+        # a coarsened label set still partitions by its fine classes, which may outnumber num_classes
+        num_label_classes = max(self.num_classes, int(targets.max(initial=-1)) + 1)
+        clients = self.partitioner(targets, num_label_classes, rng, groups=pool.groups)
         if not clients or any(len(c) == 0 for c in clients):
             empty = sum(len(c) == 0 for c in clients)
             raise ConfigError(
@@ -114,14 +130,22 @@ class FederatedDataModule:
         return len(self.client_train)
 
     def to(self, device: torch.device | str) -> FederatedDataModule:
-        """Moves the in-memory tensors to the training device once, before the first round."""
-        self.pool = LabelledTensors(self.pool.inputs.to(device), self.pool.targets.to(device), self.pool.groups)
+        """Moves the in-memory tensors to the training device once, before the first round.
+
+        Lazy pools stay where they are read from; their batches move as they are served.
+        """
+        self.device = torch.device(device)
+        self.pool = self.pool.to(device)
         self.client_train = [ix.to(device) for ix in self.client_train]
         self.held_out_index = self.held_out_index.to(device)
         self.held_out_group = self.held_out_group.to(device)
         if self.test is not None:
-            self.test = LabelledTensors(self.test.inputs.to(device), self.test.targets.to(device))
+            self.test = self.test.to(device)
         return self
+
+    def num_batches(self, client: int) -> int:
+        """Training batches in one local epoch of client ``client``."""
+        return math.ceil(len(self.client_train[client]) / self.batch_size)
 
     def train_batches(self, client: int, generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yields one shuffled epoch of client ``client``'s training batches (the last may be smaller)."""
@@ -129,7 +153,10 @@ class FederatedDataModule:
         order = indices[torch.randperm(len(indices), generator=generator).to(indices.device)]
         for start in range(0, len(order), self.batch_size):
             batch = order[start : start + self.batch_size]
-            yield self.pool.inputs[batch], self.pool.targets[batch]
+            x, y = _take(self.pool.inputs, batch, self.device), _take(self.pool.targets, batch, self.device)
+            if self.train_transform is not None:
+                x, y = self.train_transform(x, y, generator)
+            yield x, y
 
     def client_batches(
         self, client: int, split: Literal["train", "held_out"] = "train"
@@ -145,15 +172,15 @@ class FederatedDataModule:
             indices = self.held_out_index[self.held_out_group == client]
         for start in range(0, len(indices), self.eval_batch_size):
             batch = indices[start : start + self.eval_batch_size]
-            yield self.pool.inputs[batch], self.pool.targets[batch]
+            yield _take(self.pool.inputs, batch, self.device), _take(self.pool.targets, batch, self.device)
 
     def held_out_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Yields ``(x, y, client index)`` batches over every client's held-out split."""
         for start in range(0, len(self.held_out_index), self.eval_batch_size):
             batch = self.held_out_index[start : start + self.eval_batch_size]
             yield (
-                self.pool.inputs[batch],
-                self.pool.targets[batch],
+                _take(self.pool.inputs, batch, self.device),
+                _take(self.pool.targets, batch, self.device),
                 self.held_out_group[start : start + len(batch)],
             )
 
@@ -164,9 +191,19 @@ class FederatedDataModule:
         as in FedProx's and the prototype-margin paper's evaluation.
         """
         if self.test is None:
-            for x, y, _ in self.held_out_batches():
-                yield x, y, torch.zeros_like(y)
+            for x, y, group in self.held_out_batches():
+                yield x, y, torch.zeros_like(group)
             return
         for start in range(0, len(self.test), self.eval_batch_size):
-            y = self.test.targets[start : start + self.eval_batch_size]
-            yield self.test.inputs[start : start + self.eval_batch_size], y, torch.zeros_like(y)
+            batch = slice(start, min(start + self.eval_batch_size, len(self.test)))
+            x, y = _take(self.test.inputs, batch, self.device), _take(self.test.targets, batch, self.device)
+            yield x, y, torch.zeros(len(x), dtype=torch.int64, device=self.device)
+
+
+def _take(source: torch.Tensor | LazySamples, index: torch.Tensor | slice, device: torch.device) -> torch.Tensor:
+    """``source[index]`` on ``device``: part of a resident tensor, or a batch read from a lazy pool."""
+    if isinstance(source, torch.Tensor):
+        return source[index]
+    if isinstance(index, slice):
+        index = torch.arange(index.start, index.stop)
+    return source[index.cpu()].to(device, non_blocking=True)

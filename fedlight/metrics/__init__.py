@@ -2,5 +2,6 @@
 
 from fedlight.metrics import functional
 from fedlight.metrics.classification import GroupedClassification
+from fedlight.metrics.segmentation import GroupedSegmentation
 
-__all__ = ["GroupedClassification", "functional"]
+__all__ = ["GroupedClassification", "GroupedSegmentation", "functional"]

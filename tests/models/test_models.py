@@ -4,7 +4,9 @@ import torch
 from fedlight.errors import ConfigError
 from fedlight.models import create_model, list_models
 
-SHAPES = {"mlp": (60,), "cnn": (1, 28, 28), "celeba_cnn": (3, 84, 84)}
+SHAPES = {"mlp": (60,), "cnn": (1, 28, 28), "celeba_cnn": (3, 84, 84), "deeplabv3plus": (3, 32, 32)}
+#: Dense models: features [B, D, H/4, W/4] and per-pixel logits [B, C, H, W].
+DENSE = {"deeplabv3plus"}
 
 
 @pytest.mark.parametrize("name", list_models())
@@ -13,9 +15,11 @@ def test_every_model_splits_into_features_and_head(name):
     model = create_model(name, input_shape=SHAPES[name], num_classes=7)
     x = torch.randn(3, *SHAPES[name])
     features = model.forward_features(x)
-    assert features.shape == (3, model.num_features)
-    torch.testing.assert_close(model(x), model.forward_head(features))
-    assert model(x).shape == (3, 7)
+    spatial = tuple(side // 4 for side in SHAPES[name][1:]) if name in DENSE else ()
+    assert features.shape == (3, model.num_features, *spatial)
+    model.eval()  # dropout would make the two passes differ
+    torch.testing.assert_close(model(x), model.forward_head(model.forward_features(x)))
+    assert model(x).shape == (3, 7, *(SHAPES[name][1:] if name in DENSE else ()))
 
 
 def test_cnn_matches_the_papers_layer_sizes():
@@ -31,7 +35,7 @@ def test_mlp_matches_the_papers_layer_sizes():
 
 
 def test_unknown_model_names_the_flag_and_the_choices():
-    with pytest.raises(ConfigError, match=r"--model.init_args.model.*cnn, mlp"):
+    with pytest.raises(ConfigError, match=r"--model.init_args.model.*cnn, .*mlp"):
         create_model("resnet999", input_shape=(3, 32, 32), num_classes=10)
 
 

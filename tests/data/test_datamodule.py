@@ -1,0 +1,97 @@
+"""The data module's dense-target, augmentation and lazy-pool paths (classification is covered by the trainer tests)."""
+
+import numpy as np
+import torch
+
+from fedlight.data import FederatedDataModule, Scenes
+from fedlight.data.base import FederatedDataset, LabelledTensors, LazySamples
+from fedlight.data.partition import DirichletPowerLaw
+from fedlight.data.transforms import RandomScaleCropFlip
+
+
+class Lazy(LazySamples):
+    """Reads from a tensor batch by batch, counting the reads, as a pool on disk would."""
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.data, self.shape, self.reads = data, tuple(data.shape), 0
+
+    def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
+        assert index.device.type == "cpu"
+        self.reads += 1
+        return torch.stack([self.data[i] for i in index.tolist()])
+
+
+class LazyScenes(FederatedDataset):
+    def __init__(self, scenes: Scenes) -> None:
+        self.scenes, self.num_classes, self.input_shape = scenes, scenes.num_classes, scenes.input_shape
+
+    def load_train(self) -> LabelledTensors:
+        pool = self.scenes.load_train()
+        return LabelledTensors(Lazy(pool.inputs), Lazy(pool.targets), labels=pool.labels)
+
+    def load_test(self) -> LabelledTensors:
+        test = self.scenes.load_test()
+        return LabelledTensors(Lazy(test.inputs), Lazy(test.targets), labels=test.labels)
+
+
+def _scenes(**kwargs) -> Scenes:
+    return Scenes(num_samples=120, num_test_samples=10, image_size=16, seed=1, **kwargs)
+
+
+def _datamodule(dataset, **kwargs) -> FederatedDataModule:
+    data = FederatedDataModule(dataset, DirichletPowerLaw(num_clients=6, alpha=0.5), batch_size=4, **kwargs)
+    data.setup()
+    return data
+
+
+def test_label_maps_are_partitioned_by_their_image_labels() -> None:
+    data = _datamodule(_scenes())
+    labels = data.pool.labels
+    # the same partition as the partitioner applied to the image labels directly
+    rng = np.random.default_rng(0)
+    parts = DirichletPowerLaw(num_clients=6, alpha=0.5)(labels, 21, rng)
+    for client, part in enumerate(parts):
+        held_out = data.held_out_index[data.held_out_group == client].numpy()
+        assert np.array_equal(np.sort(np.concatenate([data.client_train[client].numpy(), held_out])), part)
+    x, y = next(data.train_batches(0, torch.Generator().manual_seed(0)))
+    assert x.shape == (4, 3, 16, 16) and y.shape == (4, 16, 16)
+    x, y, group = next(data.test_batches())
+    assert y.shape == (10, 16, 16) and group.shape == (10,) and (group == 0).all()
+
+
+def test_macro_labels_share_the_fine_partition() -> None:
+    fine, macro = _datamodule(_scenes()), _datamodule(_scenes(label_set="macro"))
+    assert macro.num_classes == 5
+    assert all(torch.equal(a, b) for a, b in zip(fine.client_train, macro.client_train, strict=True))
+
+
+def test_train_transform_draws_from_the_clients_generator() -> None:
+    data = _datamodule(_scenes(), train_transform=RandomScaleCropFlip(crop_size=8))
+    plain = _datamodule(_scenes())
+
+    def epoch(module, seed):
+        return list(module.train_batches(2, torch.Generator().manual_seed(seed)))
+
+    first, again, other = epoch(data, 0), epoch(data, 0), epoch(data, 1)
+    assert all(x.shape[-2:] == (8, 8) and y.shape[-2:] == (8, 8) for x, y in first)
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(first, again, strict=True))
+    assert not all(torch.equal(a[1], b[1]) for a, b in zip(first, other, strict=True))
+    # evaluation passes are never augmented
+    for (x, y), (px, py) in zip(data.client_batches(2), plain.client_batches(2), strict=True):
+        assert torch.equal(x, px) and torch.equal(y, py)
+
+
+def test_a_lazy_pool_serves_the_same_batches() -> None:
+    resident, lazy = _datamodule(_scenes()), _datamodule(LazyScenes(_scenes()))
+    lazy.to("cpu")
+    assert isinstance(lazy.pool.inputs, Lazy)
+    batches = [
+        (lambda m: m.train_batches(3, torch.Generator().manual_seed(7))),
+        (lambda m: m.client_batches(3, "held_out")),
+        (lambda m: ((x, y) for x, y, _ in m.held_out_batches())),
+        (lambda m: ((x, y) for x, y, _ in m.test_batches())),
+    ]
+    for make in batches:
+        for (x, y), (lx, ly) in zip(make(resident), make(lazy), strict=True):
+            assert torch.equal(x, lx) and torch.equal(y, ly)
+    assert lazy.pool.inputs.reads > 0
