@@ -185,7 +185,9 @@ def local_fit(
     """Trains ``data.net`` (already holding the received state) on one client; returns the loop's seconds."""
     net = data.net
     seed = client_seed(round_idx, client)
-    torch.manual_seed(seed)  # dropout and any other draw inside the step
+    torch.default_generator.manual_seed(seed)  # dropout and any other draw inside the step, as fedlight seeds
+    if device.type != "cpu":
+        getattr(torch, device.type).manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)  # batch order, drawn on the CPU as fedlight does
     net.train()
     optimizer = torch.optim.SGD(net.parameters(), lr=lr)
