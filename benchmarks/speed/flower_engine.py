@@ -51,14 +51,16 @@ def train(msg: Message, context: Context) -> Message:
     device = torch.device(str(config["accelerator"]))
     data.net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     client = int(config["client"])
+    optimization = harness.Optimization(
+        epochs=int(config["epochs"]),
+        lr=float(config["lr"]),
+        optimizer=str(config["optimizer"]),
+        weight_decay=float(config["weight-decay"]),
+        poly_power=float(config["poly-power"]),
+        rounds=int(config["rounds"]),
+    )
     train_s = harness.local_fit(
-        data,
-        client,
-        int(config["server-round"]) - 1,
-        int(config["epochs"]),
-        float(config["lr"]),
-        device,
-        str(config["precision"]),
+        data, client, int(config["server-round"]) - 1, optimization, device, str(config["precision"])
     )
     metrics = MetricRecord({"num-examples": int(data.num_samples[client]), "train-s": train_s, "pid": os.getpid()})
     content = RecordDict({"arrays": ArrayRecord(data.net.state_dict()), "metrics": metrics})
@@ -113,6 +115,10 @@ def run(args: argparse.Namespace, work: harness.Workload) -> dict[str, Any]:
         "precision": args.precision,
         "epochs": work.local_epochs,
         "lr": work.lr,
+        "optimizer": work.optimizer,
+        "weight-decay": work.weight_decay,
+        "poly-power": work.poly_power,
+        "rounds": args.rounds,
     }
     strategy = SameClientsFedAvg(work, data, base_config)
     evaluations: list[dict[str, float]] = []

@@ -74,10 +74,14 @@ class Workload:
         make_client: builds fedlight's client module with the initial weights W^0 (seeded inside).
         clients_per_round: K' clients per round, sampled ∝ n_k.
         local_epochs: F.
-        lr: SGD learning rate of every client.
+        lr: learning rate of every client's optimizer, re-created every round.
         rounds: rounds of the full-size run.
         reduced_rounds: rounds of the reduced run (``--reduced``, what CI does).
         num_classes: classes of the segmentation confusion matrix (unused for classification).
+        optimizer: ``sgd`` or ``adam``; ``make_client`` must configure the same.
+        weight_decay: the optimizer's weight decay.
+        poly_power: polynomial learning-rate decay over the run, per step, as the segmentation client's
+            (0: constant rate).
     """
 
     name: str
@@ -91,6 +95,9 @@ class Workload:
     rounds: int
     reduced_rounds: int
     num_classes: int = 0
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    weight_decay: float = 0.0
+    poly_power: float = 0.0
 
 
 # -- data shared by the floor and Flower --------------------------------------------------------------
@@ -174,13 +181,29 @@ def autocast(device: torch.device, precision: str):
 
 
 def task_loss(task: str, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    if task == "segmentation":
-        return F.cross_entropy(logits.float(), target, ignore_index=255)
+    if task == "segmentation":  # mean over the pixels that are not void (255)
+        return F.cross_entropy(logits, target, ignore_index=255, reduction="sum") / (target != 255).sum().clamp(min=1)
     return F.cross_entropy(logits, target)
 
 
+@dataclass(frozen=True)
+class Optimization:
+    """What a client's optimizer needs, as plain values that travel in Flower's messages."""
+
+    epochs: int
+    lr: float
+    optimizer: str = "sgd"
+    weight_decay: float = 0.0
+    poly_power: float = 0.0
+    rounds: int = 1
+
+    @classmethod
+    def of(cls, work: Workload, rounds: int) -> Optimization:
+        return cls(work.local_epochs, work.lr, work.optimizer, work.weight_decay, work.poly_power, rounds)
+
+
 def local_fit(
-    data: Exported, client: int, round_idx: int, epochs: int, lr: float, device: torch.device, precision: str
+    data: Exported, client: int, round_idx: int, opt: Optimization, device: torch.device, precision: str
 ) -> float:
     """Trains ``data.net`` (already holding the received state) on one client; returns the loop's seconds."""
     net = data.net
@@ -190,11 +213,21 @@ def local_fit(
         getattr(torch, device.type).manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)  # batch order, drawn on the CPU as fedlight does
     net.train()
-    optimizer = torch.optim.SGD(net.parameters(), lr=lr)
     indices = data.client_train[client]
+    if opt.optimizer == "adam":
+        optimizer = torch.optim.Adam(net.parameters(), lr=opt.lr, weight_decay=opt.weight_decay)
+    else:
+        optimizer = torch.optim.SGD(net.parameters(), lr=opt.lr, weight_decay=opt.weight_decay)
+    scheduler = None
+    if opt.poly_power > 0:  # lr_0 · (1 − (t + s/S)/T)^p at step s of S in round t of T
+        num_steps = opt.epochs * math.ceil(len(indices) / data.batch_size)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            lambda step: max(0.0, 1.0 - (round_idx + step / num_steps) / opt.rounds) ** opt.poly_power,
+        )
     synchronize(device)
     started = time.perf_counter()
-    for _ in range(epochs):
+    for _ in range(opt.epochs):
         order = indices[torch.randperm(len(indices), generator=generator).to(indices.device)]
         for start in range(0, len(order), data.batch_size):
             batch = order[start : start + data.batch_size]
@@ -203,41 +236,49 @@ def local_fit(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
     synchronize(device)
     return time.perf_counter() - started
 
 
 @torch.no_grad()
 def evaluate(data: Exported, device: torch.device, precision: str) -> dict[str, float]:
-    """The global model on every client's held-out split in one batched pass: per-client sums, pooled."""
+    """The global model on every client's held-out split in one batched pass: per-client sums, pooled.
+
+    The same statistics as fedlight's metrics: per client, correct/count/loss sums (classification) or a
+    confusion matrix and the loss summed over valid pixels (segmentation).
+    """
     net = data.net.eval()
-    groups = data.num_groups
+    groups, classes = data.num_groups, data.num_classes
+    loss_sum = torch.zeros(groups, dtype=torch.float64, device=device)
     if data.task == "segmentation":
-        confusion = torch.zeros(data.num_classes, data.num_classes, dtype=torch.long, device=device)
+        confusion = torch.zeros(groups * classes * classes, dtype=torch.float64, device=device)  # [G·C·C]
     else:
         correct = torch.zeros(groups, dtype=torch.float64, device=device)
         count = torch.zeros(groups, dtype=torch.float64, device=device)
-        loss_sum = torch.zeros(groups, dtype=torch.float64, device=device)
     for start in range(0, len(data.held_out_index), data.eval_batch_size):
         batch = data.held_out_index[start : start + data.eval_batch_size]
         group = data.held_out_group[start : start + data.eval_batch_size]
         x, y = data.inputs[batch], data.targets[batch]
         with autocast(device, precision):
             logits = net(x)
-        if data.task == "segmentation":
+        logits = logits.float()
+        if data.task == "segmentation":  # logits [B, C, H, W], y [B, H, W]
+            loss = F.cross_entropy(logits, y, ignore_index=255, reduction="none").sum(dim=(1, 2))
             keep = y != 255
-            pairs = y[keep] * data.num_classes + logits.argmax(1)[keep]
-            confusion += torch.bincount(pairs, minlength=data.num_classes**2).view_as(confusion)
-            continue
-        loss = F.cross_entropy(logits.float(), y, reduction="none")
-        correct += torch.bincount(group, weights=(logits.argmax(1) == y).double(), minlength=groups)
-        count += torch.bincount(group, minlength=groups).double()
+            cell = (group[:, None, None] * classes + y) * classes + logits.argmax(1)  # [B, H, W]
+            confusion += torch.bincount(cell[keep], minlength=confusion.numel()).double()
+        else:
+            loss = F.cross_entropy(logits, y, reduction="none")
+            correct += torch.bincount(group, weights=(logits.argmax(1) == y).double(), minlength=groups)
+            count += torch.bincount(group, minlength=groups).double()
         loss_sum += torch.bincount(group, weights=loss.double(), minlength=groups)
     if data.task == "segmentation":
-        confusion = confusion.double()
-        union = confusion.sum(0) + confusion.sum(1) - confusion.diag()
-        present = union > 0
-        return {"miou": float((confusion.diag()[present] / union[present]).mean())}
+        pooled = confusion.view(groups, classes, classes).sum(0)  # [C, C], rows: labels
+        union = pooled.sum(0) + pooled.sum(1) - pooled.diag()
+        miou = (pooled.diag()[union > 0] / union[union > 0]).mean()
+        return {"miou": float(miou), "loss": float(loss_sum.sum() / pooled.sum())}
     return {"acc": float(correct.sum() / count.sum()), "loss": float(loss_sum.sum() / count.sum())}
 
 
@@ -264,7 +305,7 @@ def run_floor(args: argparse.Namespace, work: Workload) -> dict[str, Any]:
         train_s = 0.0
         for client in clients:
             net.load_state_dict(global_state)
-            train_s += local_fit(data, client, round_idx, work.local_epochs, work.lr, device, args.precision)
+            train_s += local_fit(data, client, round_idx, Optimization.of(work, args.rounds), device, args.precision)
             with torch.no_grad():  # the running weighted sum: no client state is kept
                 for name, value in net.state_dict().items():
                     if name in total:
