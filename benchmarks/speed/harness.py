@@ -339,6 +339,10 @@ def run_fedlight(args: argparse.Namespace, work: Workload) -> dict[str, Any] | N
             synchronize(device)
             self._started = time.perf_counter()
 
+        def training_loss(self, module, batch, outputs):
+            probe.step_dtype = str(outputs["logits"].dtype)  # what precision the client step really ran in
+            return outputs["loss"]
+
         def on_client_fit_end(self, trainer, module, update) -> None:
             synchronize(device)
             update.payload["train_s"] = time.perf_counter() - self._started
@@ -358,6 +362,7 @@ def run_fedlight(args: argparse.Namespace, work: Workload) -> dict[str, Any] | N
             self.starts: list[float] = []
             self.train_s: list[float] = []
             self.stages: list[dict[str, float]] = []  # per round: stage → seconds
+            self.step_dtype = ""
             self.fit_start = self.fit_end = 0.0
 
         def on_fit_start(self, trainer) -> None:
@@ -429,6 +434,7 @@ def run_fedlight(args: argparse.Namespace, work: Workload) -> dict[str, Any] | N
         "loop_s": probe.fit_end - probe.fit_start,
         "rounds": rounds,
         "checkpoint_s": checkpoints,
+        "step_dtype": probe.step_dtype,
         "final_state": trainer.global_state.detach().float().cpu(),
     }
 
@@ -585,6 +591,7 @@ class Summary:
     final_state: torch.Tensor
     metric: float
     stages: dict[str, float]
+    step_dtype: str = ""
 
     @property
     def loop(self) -> float:
@@ -624,6 +631,7 @@ def summarise(label: str, reports: list[dict[str, Any]]) -> Summary:
         final_state=reports[-1]["final_state"],
         metric=last.get("metric", last.get("acc", last.get("miou", math.nan))),
         stages=stages,
+        step_dtype=reports[-1].get("step_dtype", ""),
     )
 
 
@@ -691,6 +699,9 @@ def print_report(work: Workload, args: argparse.Namespace, results: dict[str, Su
         round_ms = 1e3 * results["fedlight1"].round_s
         for stage, seconds in results["fedlight1"].stages.items():
             print(f"  {stage:<32}{1e3 * seconds:9.2f} ms  {100e3 * seconds / round_ms:6.1f} %")
+    for s in results.values():
+        if s.step_dtype:
+            print(f"{s.label}: client step logits in {s.step_dtype} under --precision {args.precision}")
     differences = {}
     print()
     for a, b in [("fedlight1", "floor1"), ("fedlight2", "fedlight1"), ("flower1", "floor1"), ("flower2", "floor1")]:
