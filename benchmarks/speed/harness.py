@@ -471,7 +471,7 @@ def _own_peak_rss_mb() -> float:
 class TreeMemory(threading.Thread):
     """Samples the summed resident memory of a process and all its descendants (Ray's daemons included)."""
 
-    def __init__(self, pid: int, interval: float = 0.2) -> None:
+    def __init__(self, pid: int, interval: float = 0.5) -> None:
         super().__init__(daemon=True)
         self.pid, self.interval = pid, interval
         self.peak_mb = 0.0
@@ -489,28 +489,20 @@ class TreeMemory(threading.Thread):
 
 
 def tree_rss_mb(root: int) -> float:
-    """Resident memory (MiB) of ``root`` and its descendants, read from ``/proc``."""
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parent[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-    members, frontier = {root}, [root]
+    """Resident memory (MiB) of ``root`` and its descendants, read from ``/proc`` (children lists, not a full scan)."""
+    total, frontier, seen = 0, [root], set()
     while frontier:
         pid = frontier.pop()
-        children = [p for p, pp in parent.items() if pp == pid and p not in members]
-        members.update(children)
-        frontier += children
-    total = 0
-    for pid in members:
+        if pid in seen:
+            continue
+        seen.add(pid)
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1])
-        except OSError:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                frontier += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:  # the process ended while we looked
             continue
     return total / 1024
 
