@@ -32,6 +32,7 @@ import json
 import math
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -468,51 +469,56 @@ def _own_peak_rss_mb() -> float:
 
 
 # -- the parent: runs, repeats, the report -------------------------------------------------------------------
-class TreeMemory(threading.Thread):
-    """Samples the summed resident memory of a process and all its descendants (Ray's daemons included)."""
+class TreeMonitor(threading.Thread):
+    """Samples a process and all its descendants (Ray's daemons and actors included) every ``interval`` s.
+
+    Keeps the peak of their summed resident memory and each process's last-seen CPU time (user +
+    system), whose sum is the tree's CPU time (less what a process spends after its last sample).
+    """
 
     def __init__(self, pid: int, interval: float = 0.5) -> None:
         super().__init__(daemon=True)
         self.pid, self.interval = pid, interval
         self.peak_mb = 0.0
+        self.cpu_ticks: dict[int, int] = {}
         self._stop_event = threading.Event()
 
     def run(self) -> None:
         while not self._stop_event.is_set():
-            self.peak_mb = max(self.peak_mb, tree_rss_mb(self.pid))
+            self.sample()
             self._stop_event.wait(self.interval)
 
-    def stop(self) -> float:
+    def sample(self) -> None:
+        """Resident memory and CPU ticks of ``pid`` and its descendants, from ``/proc`` children lists."""
+        total_kb, frontier, seen = 0, [self.pid], set()
+        while frontier:
+            pid = frontier.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                self.cpu_ticks[pid] = int(stat[11]) + int(stat[12])  # utime + stime
+                total_kb += int(stat[21]) * os.sysconf("SC_PAGE_SIZE") // 1024  # rss, in pages
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    frontier += [int(child) for child in (task / "children").read_text().split()]
+            except (OSError, IndexError):  # the process ended while we looked
+                continue
+        self.peak_mb = max(self.peak_mb, total_kb / 1024)
+
+    def stop(self) -> tuple[float, float]:
+        """Stops sampling; returns the peak memory (MiB) and the CPU time (s)."""
         self._stop_event.set()
         self.join()
-        return self.peak_mb
-
-
-def tree_rss_mb(root: int) -> float:
-    """Resident memory (MiB) of ``root`` and its descendants, read from ``/proc`` (children lists, not a full scan)."""
-    total, frontier, seen = 0, [root], set()
-    while frontier:
-        pid = frontier.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                frontier += [int(child) for child in (task / "children").read_text().split()]
-        except OSError:  # the process ended while we looked
-            continue
-    return total / 1024
+        return self.peak_mb, sum(self.cpu_ticks.values()) / os.sysconf("SC_CLK_TCK")
 
 
 def launch(
-    script: Path, args: argparse.Namespace, engine: Engine, workers: int, exported: Path, workdir: Path, log: Path
+    script: Path, args: argparse.Namespace, engine: Engine, workers: int, exported: Path, result: Path, log: Path
 ) -> dict[str, Any]:
-    """Runs one child process and returns its report with the whole-process time and memory added."""
+    """Runs one child process; returns its report with the whole-process wall time, CPU time and memory added."""
     python = args.flower_python if engine == "flower" else sys.executable
-    result = workdir / f"{engine}{workers}.json"
+    workdir = result.with_suffix("")
     command = [
         python,
         str(script),
@@ -531,7 +537,7 @@ def launch(
         "--exported",
         str(exported),
         "--workdir",
-        str(workdir / f"{engine}{workers}"),
+        str(workdir),
         "--result",
         str(result),
     ]
@@ -542,20 +548,32 @@ def launch(
         "FLWR_TELEMETRY_ENABLED": "0",
         "RAY_DEDUP_LOGS": "0",
         "WANDB_MODE": "disabled",
+        # Ray starts its workers at nice 15; on a shared machine that alone would slow Flower's clients
+        "RAY_worker_niceness": "0",
     }
+    load = os.getloadavg()[0]
     started = time.perf_counter()
     with log.open("w") as out:
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-        memory = TreeMemory(process.pid)
-        memory.start()
-        code = process.wait()
-        peak = memory.stop()
+        process = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+        )
+        monitor = TreeMonitor(process.pid)
+        monitor.start()
+        try:
+            code = process.wait()
+        except BaseException:  # interrupted: take the child's whole process group (Ray included) down with us
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+        finally:
+            peak, cpu_s = monitor.stop()
     process_s = time.perf_counter() - started
     if code != 0 or not result.exists():
         tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
         raise RuntimeError(f"{engine} with {workers} worker(s) failed (exit code {code}); end of {log}:\n{tail}")
     report = json.loads(result.read_text())
-    report.update(process_s=process_s, tree_peak_rss_mb=peak, final_state=torch.load(result.with_suffix(".pt")))
+    report.update(process_s=process_s, cpu_s=cpu_s, tree_peak_rss_mb=peak, load_before=load)
+    result.write_text(json.dumps(report))
+    report["final_state"] = torch.load(result.with_suffix(".pt"))
     assert Path(report["fedlight_file"]).resolve().is_relative_to(REPO), (
         f"the {engine} child imported fedlight from {report['fedlight_file']}, not from {REPO}"
     )
@@ -576,6 +594,8 @@ class Summary:
     label: str
     loop_s: list[float]
     process_s: list[float]
+    cpu_s: list[float]  # user + system time of the whole process tree
+    loads: list[float]  # 1-minute load average before each run
     round_s: float  # median per-round wall time (after the first round)
     outside_ms: float  # median per-round time outside local training (after the first round)
     eval_share: float  # median evaluation time / round time
@@ -592,6 +612,10 @@ class Summary:
     @property
     def process(self) -> float:
         return statistics.median(self.process_s)
+
+    @property
+    def cpu(self) -> float:
+        return statistics.median(self.cpu_s)
 
 
 def summarise(label: str, reports: list[dict[str, Any]]) -> Summary:
@@ -616,6 +640,8 @@ def summarise(label: str, reports: list[dict[str, Any]]) -> Summary:
         label=label,
         loop_s=[r["loop_s"] for r in reports],
         process_s=[r["process_s"] for r in reports],
+        cpu_s=[r["cpu_s"] for r in reports],
+        loads=[r["load_before"] for r in reports],
         round_s=statistics.median(r["round_s"] for r in steady),
         outside_ms=1e3 * statistics.median(r["round_s"] - r["train_s"] for r in steady),
         eval_share=statistics.median(r["eval_s"] / r["round_s"] for r in steady),
@@ -650,19 +676,22 @@ def print_report(work: Workload, args: argparse.Namespace, results: dict[str, Su
     print(f"          {args.threads} thread(s) per worker, {args.repeats} repeat(s), load average {load[0]:.2f}")
     print()
     header = (
-        f"{'engine':<12}{'loop s':>9}{'(spread)':>13}{'process s':>11}{'(spread)':>13}"
+        f"{'engine':<12}{'loop s':>9}{'(spread)':>15}{'process s':>11}{'(spread)':>15}{'CPU s':>9}"
         f"{'rounds/s':>10}{'outside ms':>12}{'eval %':>8}{'peak MiB':>10}"
     )
     print(header)
     print("-" * len(header))
     for s in results.values():
         print(
-            f"{s.label:<12}{s.loop:9.2f}{spread(s.loop_s):>13}{s.process:11.2f}{spread(s.process_s):>13}"
+            f"{s.label:<12}{s.loop:9.2f}{spread(s.loop_s):>15}{s.process:11.2f}{spread(s.process_s):>15}{s.cpu:9.1f}"
             f"{1 / s.round_s:10.2f}{s.outside_ms:12.1f}{100 * s.eval_share:8.1f}{max(s.peak_mb):10.0f}"
         )
     print()
     print("rounds/s and 'outside ms' are medians over rounds after the first; 'outside ms' is a round's wall")
-    print("time minus the largest per-worker local-training time in it; peak MiB is the whole process tree.")
+    print("time minus the largest per-worker local-training time in it; CPU s and peak MiB are the whole process")
+    print("tree's (Ray's daemons included). Loop, process and CPU: medians over repeats, spread min–max.")
+    loads = [load for s in results.values() for load in s.loads]
+    print(f"1-minute load average before the runs: {min(loads):.2f}–{max(loads):.2f}")
     ratios: dict[str, float] = {}
     checks: list[tuple[str, float, str]] = []
 
@@ -719,6 +748,8 @@ def print_report(work: Workload, args: argparse.Namespace, results: dict[str, Su
             key: {
                 "loop_s": s.loop_s,
                 "process_s": s.process_s,
+                "cpu_s": s.cpu_s,
+                "load_before": s.loads,
                 "rounds_per_s": 1 / s.round_s,
                 "outside_ms": s.outside_ms,
                 "eval_share": s.eval_share,
@@ -757,6 +788,8 @@ def parse_args(work: Workload, doc: str) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=HERE / "out", help="where <workload>.json and the logs go")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="largest |Δ| allowed between equal models")
+    parser.add_argument("--resume", action="store_true", help="reuse the runs already under --out with these settings")
+    parser.add_argument("--stop-after", type=float, default=0, help="start no new run after this many seconds")
     # Internal: the options of one child run.
     parser.add_argument("--child", choices=["floor", "fedlight", "flower"], help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
@@ -794,19 +827,29 @@ def main(work: Workload, script: str, doc: str) -> dict[str, Any] | None:
         plan = [(engine, workers) for engine, workers in plan if engine != "flower"]
     args.out.mkdir(parents=True, exist_ok=True)
     reports: dict[str, list[dict[str, Any]]] = {}
+    # Every run's report is kept, so that --resume can spread the repeats over several sessions.
+    runs = args.out / f"{work.name}_runs" / f"rounds{args.rounds}_{args.accelerator}_{args.precision}_t{args.threads}"
+    runs.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         exported = Path(tmp) / "workload.pt"
         export(work, exported)
         for repeat in range(args.repeats):
             for engine, workers in plan:
                 key = f"{engine}{workers}"
-                workdir = Path(tmp) / f"repeat{repeat}"
-                workdir.mkdir(exist_ok=True)
+                result = runs / f"{key}_{repeat}.json"
+                if args.resume and result.exists() and result.with_suffix(".pt").exists():
+                    report = json.loads(result.read_text()) | {"final_state": torch.load(result.with_suffix(".pt"))}
+                    reports.setdefault(key, []).append(report)
+                    continue
+                if args.stop_after and time.perf_counter() - started > args.stop_after:
+                    raise SystemExit(f"Stopped after {args.stop_after} s; run again with --resume to go on.")
                 log = args.out / f"{work.name}_{key}_{repeat}.log"
-                report = launch(Path(script), args, engine, workers, exported, workdir, log)
+                report = launch(Path(script), args, engine, workers, exported, result, log)
                 reports.setdefault(key, []).append(report)
                 print(
-                    f"repeat {repeat}: {key:<10} loop {report['loop_s']:7.2f} s   process {report['process_s']:7.2f} s",
+                    f"repeat {repeat}: {key:<10} loop {report['loop_s']:7.2f} s   process {report['process_s']:7.2f} s"
+                    f"   cpu {report['cpu_s']:7.2f} s   load {report['load_before']:.2f}",
                     flush=True,
                 )
     labels = {"floor1": "floor", "fedlight1": "fedlight ×1", "fedlight2": "fedlight ×2"}
