@@ -79,7 +79,9 @@ class SameClientsFedAvg(FedAvg):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid):
         self.round_starts.append(time.perf_counter())
         clients = harness.round_clients(self.data.num_samples, self.work.clients_per_round, server_round - 1)
-        nodes = sorted(grid.get_node_ids())  # one node per client
+        # one node per client; as Flower's own sampling does, wait until they have all registered
+        while len(nodes := sorted(grid.get_node_ids())) < len(self.data.num_samples):
+            time.sleep(0.1)
         return [
             Message(
                 content=RecordDict(
