@@ -53,6 +53,8 @@ class FlatState:
 
     def integers(self, module: nn.Module) -> dict[str, torch.Tensor]:
         """Returns copies of the integer buffers."""
+        if not self.integer_names:  # most models: skip the state_dict walk, done for every client
+            return {}
         state = module.state_dict()
         return {name: state[name].detach().clone() for name in self.integer_names}
 

@@ -2,7 +2,18 @@
 
 from fedlight.callbacks.amm import AggregateMeanMargin
 from fedlight.callbacks.base import RoundCallback
+from fedlight.callbacks.entropy_maps import EntropyMaps
 from fedlight.callbacks.feature_discrepancy import FeatureDiscrepancy
 from fedlight.callbacks.gradient_dissimilarity import GradientDissimilarity
+from fedlight.callbacks.partition_summary import PartitionSummary
+from fedlight.callbacks.tsne import FeatureTSNE
 
-__all__ = ["AggregateMeanMargin", "FeatureDiscrepancy", "GradientDissimilarity", "RoundCallback"]
+__all__ = [
+    "AggregateMeanMargin",
+    "EntropyMaps",
+    "FeatureDiscrepancy",
+    "FeatureTSNE",
+    "GradientDissimilarity",
+    "PartitionSummary",
+    "RoundCallback",
+]

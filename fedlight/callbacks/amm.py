@@ -75,8 +75,9 @@ def _pooled_class_sums(trainer: FederatedTrainer) -> tuple[torch.Tensor, torch.T
         for batch in data.client_batches(client, split="train"):
             x, y = precision.convert_input(batch)
             with precision.forward_context():
-                features = module.net.forward_features(x)  # [B, D]
-            batch_sums, batch_counts = class_feature_sums(features.float(), y, data.num_classes)
+                features = module.net.forward_features(x)  # [B, D] or [B, D, h, w]
+            ignore_index = getattr(module, "ignore_index", None)  # segmentation's void label
+            batch_sums, batch_counts = class_feature_sums(features.float(), y, data.num_classes, ignore_index)
             sums += batch_sums
             counts += batch_counts
     if fabric.world_size > 1:

@@ -12,6 +12,7 @@ from fedlight.data.npz import NpzDataset
 from fedlight.data.scenes import Scenes
 from fedlight.data.synthetic import Synthetic
 from fedlight.data.tiny_imagenet import TinyImageNet
+from fedlight.data.voc import PascalVOC
 
 __all__ = [
     "CIFAR10",
@@ -25,6 +26,7 @@ __all__ = [
     "FederatedDataset",
     "LabelledTensors",
     "NpzDataset",
+    "PascalVOC",
     "Scenes",
     "Synthetic",
     "TinyImageNet",

@@ -179,18 +179,23 @@ class FedProto(Strategy):
 def _client_prototypes(trainer: FederatedTrainer, module: LightningModule, client: int) -> tuple[Tensor, Tensor]:
     """Class prototypes ``[C, D]`` and counts ``[C]`` of a client's training set, on the CPU (Eq. 4, D5).
 
+    Dense models (segmentation) give ``[B, D, h, w]`` decoder features: every feature pixel is a sample,
+    labelled by the label map downsampled by nearest neighbour, void pixels (the module's ``ignore_index``)
+    left out and background counted as a class (D5).
+
     Eval mode and no gradients only: BatchNorm statistics, dropout and the RNG streams are left as they
     were, so the local fit runs exactly as without this pass.
     """
     precision, num_classes = trainer.precision, trainer.datamodule.num_classes
+    ignore_index = getattr(module, "ignore_index", None)  # segmentation's void label
     was_training = module.training
     module.eval()
     sums, counts = None, None
     for batch in trainer.datamodule.client_batches(client):
         x, y = precision.convert_input(batch)
         with precision.forward_context():
-            features = module.net.forward_features(x)  # [B, D], the classifier's input
-        batch_sums, batch_counts = class_feature_sums(features, y, num_classes)
+            features = module.net.forward_features(x)  # [B, D] or [B, D, h, w]: the classifier's input
+        batch_sums, batch_counts = class_feature_sums(features, y, num_classes, ignore_index)
         sums = batch_sums if sums is None else sums + batch_sums
         counts = batch_counts if counts is None else counts + batch_counts
     module.train(was_training)

@@ -5,7 +5,8 @@ its method FedProto; it is not Tan et al.'s FedProto (AAAI'22), so fedlight call
 
 Pure tensor functions for Eqs. 4–15 and the decisions D1, D2 and D6 of ``spec.md`` §1.4:
 
-- class prototypes and counts (Eq. 4), accumulable over batches from sums and counts;
+- class prototypes and counts (Eq. 4), accumulable over batches from sums and counts, also of dense
+  (per-pixel) features with label maps downsampled to their resolution (D5);
 - min–max normalisation of each prototype over its channels (D1);
 - the semantic prototype margin μ (Eqs. 5–7), which gives LPM (Eq. 8) and APM (Eq. 9);
 - client deviations, normalised attention and the attention weights (Eqs. 11–13);
@@ -21,6 +22,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
@@ -31,10 +33,44 @@ __all__ = [
     "class_feature_sums",
     "class_prototypes",
     "client_deviation",
+    "dense_features_and_labels",
     "minmax_normalize",
     "prototypes_from_sums",
     "semantic_prototype_margin",
 ]
+
+
+def dense_features_and_labels(features: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """Pixels of dense features as samples, labelled by the label map downsampled by nearest neighbour (D5).
+
+    MO-FedProto's segmentation prototypes use DeepLab-V3+ decoder features, ``[B, D, h, w]`` at a quarter of
+    the input resolution, and labels "downsampled by nearest neighbour" (Supp. S3.2): feature pixel (i, j)
+    takes the label of input pixel (⌊i·H/h⌋, ⌊j·W/w⌋), PyTorch's ``nearest`` rule, so void (255) stays void.
+
+    Args:
+        features: ``[B, D, h, w]`` per-pixel features.
+        targets: ``[B, H, W]`` integer label maps.
+
+    Returns:
+        ``([B·h·w, D] features, [B·h·w] labels)``, pixels in (b, i, j) order.
+
+    Example:
+        >>> features = torch.arange(8.0).view(1, 2, 2, 2)  # D = 2 channels on a 2×2 grid
+        >>> labels = torch.tensor([[[1, 1, 2, 2], [1, 1, 2, 2], [0, 0, 255, 255], [0, 0, 255, 255]]])
+        >>> pixels, pixel_labels = dense_features_and_labels(features, labels)
+        >>> pixels.tolist(), pixel_labels.tolist()
+        ([[0.0, 4.0], [1.0, 5.0], [2.0, 6.0], [3.0, 7.0]], [1, 2, 0, 255])
+    """
+    if features.ndim != 4 or targets.ndim != 3 or targets.shape[0] != features.shape[0]:
+        raise ValueError(
+            f"Expected features [B, D, h, w] and targets [B, H, W], got {tuple(features.shape)} and "
+            f"{tuple(targets.shape)}."
+        )
+    size = features.shape[-2:]
+    # label values up to 255 are exact in float32; nearest picks pixel ⌊i·H/h⌋
+    small = F.interpolate(targets[:, None].float(), size=size, mode="nearest")[:, 0].to(targets.dtype)  # [B, h, w]
+    pixels = features.permute(0, 2, 3, 1).reshape(-1, features.shape[1])  # [B·h·w, D]
+    return pixels, small.reshape(-1)
 
 
 def class_feature_sums(
@@ -44,10 +80,12 @@ def class_feature_sums(
 
     Σ[c] = Σ_{j : y_j = c} e_j and n[c] = |{j : y_j = c}|. Sums and counts of several batches add up, so a
     caller accumulates them over a data loader and divides once with :func:`prototypes_from_sums`.
+    Dense features ``[B, D, h, w]`` with label maps ``[B, H, W]`` count every feature pixel as a sample,
+    labelled as :func:`dense_features_and_labels` says (D5).
 
     Args:
-        features: ``[N, D]`` encoder outputs (for segmentation, pixels flattened into N).
-        targets: ``[N]`` integer class labels.
+        features: ``[N, D]`` encoder outputs, or ``[B, D, h, w]`` per-pixel features.
+        targets: ``[N]`` integer class labels, or ``[B, H, W]`` label maps.
         num_classes: number of classes C.
         ignore_index: label whose samples are skipped (255 for VOC segmentation).
 
@@ -63,6 +101,8 @@ def class_feature_sums(
         >>> sums.tolist(), counts.tolist()
         ([[4.0, 6.0], [0.0, 0.0], [5.0, 6.0]], [2, 0, 1])
     """
+    if features.ndim == 4:
+        features, targets = dense_features_and_labels(features, targets)
     if features.ndim != 2 or targets.shape != features.shape[:1]:
         raise ValueError(
             f"Expected features [N, D] and targets [N], got {tuple(features.shape)} and {tuple(targets.shape)}."

@@ -68,6 +68,31 @@ def test_class_prototypes_match_loop_reference():
         torch.testing.assert_close(prototypes[c], expected)
 
 
+def test_dense_prototypes_match_a_pixel_loop():
+    # decoder features at 1/4 resolution; labels of 16×16 maps with void, background counted as class 0
+    generator = torch.Generator().manual_seed(3)
+    features = torch.rand(3, 6, 4, 4, generator=generator)  # [B, D, h, w]
+    labels = torch.randint(0, 4, (3, 16, 16), generator=generator)
+    labels[torch.rand(3, 16, 16, generator=generator) < 0.2] = 255
+    prototypes, counts = class_prototypes(features, labels, num_classes=4, ignore_index=255)
+    sums, expected_counts = torch.zeros(4, 6), [0] * 4
+    for b in range(3):
+        for i in range(4):
+            for j in range(4):
+                label = int(labels[b, 4 * i, 4 * j])  # nearest neighbour of feature pixel (i, j): input (4i, 4j)
+                if label != 255:
+                    sums[label] += features[b, :, i, j]
+                    expected_counts[label] += 1
+    assert counts.tolist() == expected_counts and counts[0] > 0
+    for c in range(4):
+        torch.testing.assert_close(prototypes[c], sums[c] / max(expected_counts[c], 1))
+
+
+def test_dense_features_need_label_maps_of_the_same_batch():
+    with pytest.raises(ValueError, match=r"features \[B, D, h, w\] and targets \[B, H, W\]"):
+        class_feature_sums(torch.zeros(2, 3, 4, 4), torch.zeros(3, 16, 16, dtype=torch.long), 2)
+
+
 def test_feature_sums_accumulate_over_batches():
     generator = torch.Generator().manual_seed(1)
     features = torch.randn(90, 4, generator=generator)

@@ -1,0 +1,135 @@
+"""Softmax and feature entropy maps of the global model on fixed images: MO-FedProto's Fig. 6 / Fig. S4.
+
+For the first ``num_images`` images of the global test set (the union of the clients' held-out splits
+when the dataset has none), at the rounds due, the global model W^{t+1} gives:
+
+- its prediction, drawn in Pascal VOC's colour map;
+- H_S, the per-pixel entropy of its softmax (:func:`~fedlight.metrics.functional.entropy.softmax_entropy`);
+- H_E, the entropy of its decoder features normalised over the channels, upsampled to the input size
+  (:func:`~fedlight.metrics.functional.entropy.feature_entropy`, D10).
+
+They are saved as one PNG grid per round, ``<run_dir>/entropy_maps/round_<t>.png`` with one row per image
+and the columns input | ground truth | prediction | H_S | H_E (dark: low entropy; H_S scaled to
+[0, log C] and H_E to [0, log D], so grids of different rounds and runs compare), logged to W&B as the
+image ``analysis/entropy_maps``, and summarised by the mean entropies ``analysis/entropy_softmax`` and
+``analysis/entropy_features`` over those images.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedlight.callbacks.base import RoundCallback
+from fedlight.data.labels import voc_colormap
+from fedlight.errors import ConfigError
+from fedlight.metrics.functional.entropy import feature_entropy, softmax_entropy
+
+if TYPE_CHECKING:
+    from fedlight.trainer import FederatedTrainer
+
+
+class EntropyMaps(RoundCallback):
+    """Saves and logs a PNG grid of predictions, H_S and H_E of fixed test images.
+
+    Args:
+        every_n_rounds: draw after every this many rounds, and after the last one; 0 draws after the last
+            round only.
+        num_images: images shown, the first ones of the global test set.
+    """
+
+    def __init__(self, every_n_rounds: int = 0, num_images: int = 4) -> None:
+        problems = []
+        if every_n_rounds < 0:
+            problems.append(f"Expected EntropyMaps every_n_rounds ≥ 0 (0: the last round only), got {every_n_rounds}.")
+        if num_images < 1:
+            problems.append(f"Expected EntropyMaps num_images ≥ 1, got {num_images}.")
+        if problems:
+            raise ConfigError(*problems)
+        self.every_n_rounds = every_n_rounds
+        self.num_images = num_images
+        self.last_path: Path | None = None
+
+    def on_round_end(self, trainer: FederatedTrainer, round_idx: int, metrics: dict[str, Any]) -> None:
+        """Draws the maps of W^{t+1} when the round is due (every rank computes; rank 0 writes)."""
+        last = round_idx == trainer.rounds - 1
+        due = self.every_n_rounds > 0 and (round_idx + 1) % self.every_n_rounds == 0
+        if not (due or last):
+            return
+        x, y = _first_test_images(trainer, self.num_images)
+        maps = entropy_maps(trainer, x)
+        metrics["analysis/entropy_softmax"] = maps["softmax_entropy"].mean().item()
+        metrics["analysis/entropy_features"] = maps["feature_entropy"].mean().item()
+        if trainer.fabric.global_rank != 0 or trainer.run_dir is None:
+            return
+        grid = render_grid(x, y, maps["preds"], maps["softmax_entropy"], maps["feature_entropy"], maps["bounds"])
+        path = trainer.run_dir / "entropy_maps" / f"round_{round_idx + 1:04d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        from PIL import Image
+
+        Image.fromarray(grid).save(path)
+        self.last_path = path
+        trainer.log_images({"analysis/entropy_maps": [str(path)]}, step=round_idx)
+
+
+def _first_test_images(trainer: FederatedTrainer, count: int) -> tuple[Tensor, Tensor]:
+    """The first ``count`` images ``[N, 3, H, W]`` and label maps ``[N, H, W]`` of the global test set."""
+    images, labels, taken = [], [], 0
+    for x, y, _ in trainer.datamodule.test_batches():
+        images.append(x[: count - taken])
+        labels.append(y[: count - taken])
+        taken += len(images[-1])
+        if taken == count:
+            break
+    return torch.cat(images), torch.cat(labels)
+
+
+@torch.no_grad()
+def entropy_maps(trainer: FederatedTrainer, x: Tensor) -> dict[str, Tensor]:
+    """Prediction ``[N, H, W]``, H_S and H_E ``[N, H, W]`` of the global model, with their upper bounds."""
+    module, precision = trainer.global_module(), trainer.precision
+    with precision.forward_context():
+        features = module.net.forward_features(precision.convert_input(x))  # [N, D, h, w]
+        logits = module.net.forward_head(features)  # [N, C, H, W]
+    return {
+        "preds": logits.argmax(dim=1),
+        "softmax_entropy": softmax_entropy(logits.float()),
+        "feature_entropy": feature_entropy(features.float(), size=tuple(x.shape[-2:])),
+        "bounds": torch.tensor([math.log(logits.shape[1]), math.log(features.shape[1])]),  # log C, log D
+    }
+
+
+def render_grid(x: Tensor, y: Tensor, preds: Tensor, h_s: Tensor, h_e: Tensor, bounds: Tensor) -> np.ndarray:
+    """One row per image: input | ground truth | prediction | H_S | H_E, as ``[N·H, 5·W, 3]`` uint8 RGB.
+
+    Inputs are min–max scaled per image; labels use VOC's colour map (void in its cream colour); H_S and
+    H_E are scaled to [0, log C] and [0, log D] and drawn with the viridis colour map.
+    """
+    import matplotlib
+
+    viridis = matplotlib.colormaps["viridis"]
+    palette = voc_colormap()
+    x = x.float().cpu()
+    low = x.amin(dim=(1, 2, 3), keepdim=True)
+    high = x.amax(dim=(1, 2, 3), keepdim=True)
+    inputs = ((x - low) / (high - low + 1e-12) * 255).byte().permute(0, 2, 3, 1).numpy()  # [N, H, W, 3]
+    if inputs.shape[-1] == 1:
+        inputs = inputs.repeat(3, axis=-1)
+
+    def colored(entropy: Tensor, bound: float) -> np.ndarray:
+        return (viridis((entropy.cpu().numpy() / bound).clip(0, 1))[..., :3] * 255).astype(np.uint8)
+
+    columns = [
+        inputs,
+        palette[y.cpu().numpy().clip(0, 255)],
+        palette[preds.cpu().numpy()],
+        colored(h_s, float(bounds[0])),
+        colored(h_e, float(bounds[1])),
+    ]
+    rows = np.concatenate(columns, axis=2)  # [N, H, 5·W, 3]
+    return np.ascontiguousarray(rows.reshape(-1, *rows.shape[2:]))

@@ -1,0 +1,108 @@
+"""A t-SNE map of the final global model's features, coloured by class: MO-FedProto's Fig. S3.
+
+After the last round, the features of the global model (``forward_features``) on the first
+``max_images`` test images are embedded in 2-D with scikit-learn's t-SNE. For a segmentation model every
+decoder-feature pixel is a point, labelled by the label map downsampled by nearest neighbour (as the
+prototypes, D5); void pixels are dropped and, as in Fig. S3, background too unless asked for. At most
+``max_points`` points are kept, drawn at random with the run's seed.
+
+Writes ``<run_dir>/tsne.png`` (classes in Pascal VOC's colours) and ``tsne.npz`` (the embedding and the
+labels, to compare runs), and logs the picture to W&B as ``analysis/tsne``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from fedlight.callbacks.base import RoundCallback
+from fedlight.data.labels import IGNORE_INDEX, MACRO_CLASSES, VOC_CLASSES, voc_colormap
+from fedlight.errors import ConfigError
+from fedlight.metrics.functional.prototypes import dense_features_and_labels
+
+if TYPE_CHECKING:
+    from fedlight.trainer import FederatedTrainer
+
+
+class FeatureTSNE(RoundCallback):
+    """Saves and logs a 2-D t-SNE of the final model's features.
+
+    Args:
+        max_images: test images whose features are embedded, the first ones of the global test set.
+        max_points: points kept at most (t-SNE costs grow with their square).
+        include_background: keep background pixels (class 0); Fig. S3 leaves them out.
+        perplexity: t-SNE perplexity (lowered to fit when there are few points).
+    """
+
+    def __init__(
+        self, max_images: int = 64, max_points: int = 2000, include_background: bool = False, perplexity: float = 30.0
+    ) -> None:
+        if max_images < 1 or max_points < 3:
+            raise ConfigError(
+                f"Expected FeatureTSNE max_images ≥ 1 and max_points ≥ 3, got {max_images}, {max_points}."
+            )
+        self.max_images = max_images
+        self.max_points = max_points
+        self.include_background = include_background
+        self.perplexity = perplexity
+
+    def on_fit_end(self, trainer: FederatedTrainer) -> None:
+        """Embeds and draws the final model's features (rank 0)."""
+        if trainer.fabric.global_rank != 0 or trainer.run_dir is None:
+            return
+        features, labels = self._features(trainer)
+        rng = np.random.default_rng(trainer.seed)
+        if len(labels) > self.max_points:
+            keep = np.sort(rng.choice(len(labels), size=self.max_points, replace=False))
+            features, labels = features[keep], labels[keep]
+        from sklearn.manifold import TSNE
+
+        perplexity = min(self.perplexity, (len(labels) - 1) / 3)
+        embedding = TSNE(2, perplexity=perplexity, init="pca", random_state=trainer.seed).fit_transform(features)
+        np.savez(trainer.run_dir / "tsne.npz", embedding=embedding, labels=labels)
+        path = _plot(embedding, labels, trainer.datamodule.num_classes, trainer.run_dir / "tsne.png", trainer.name)
+        trainer.log_images({"analysis/tsne": [str(path)]}, step=trainer.rounds - 1)
+
+    @torch.no_grad()
+    def _features(self, trainer: FederatedTrainer) -> tuple[np.ndarray, np.ndarray]:
+        """``[M, D]`` features and ``[M]`` labels of the kept points."""
+        module, precision = trainer.global_module(), trainer.precision
+        features, labels, taken = [], [], 0
+        for x, y, _ in trainer.datamodule.test_batches():
+            x, y = x[: self.max_images - taken], y[: self.max_images - taken]
+            taken += len(x)
+            with precision.forward_context():
+                batch_features = module.net.forward_features(precision.convert_input(x)).float()
+            if batch_features.ndim == 4:  # dense: every feature pixel is a point
+                batch_features, y = dense_features_and_labels(batch_features, y)
+                keep = (y != IGNORE_INDEX) & ((y != 0) | self.include_background)
+                batch_features, y = batch_features[keep], y[keep]
+            features.append(batch_features.cpu().numpy())
+            labels.append(y.cpu().numpy())
+            if taken == self.max_images:
+                break
+        return np.concatenate(features), np.concatenate(labels)
+
+
+def _plot(embedding: np.ndarray, labels: np.ndarray, num_classes: int, path, title: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = {21: VOC_CLASSES, 5: MACRO_CLASSES}.get(num_classes, tuple(str(c) for c in range(num_classes)))
+    palette = voc_colormap() / 255.0
+    figure, axis = plt.subplots(figsize=(6.5, 6))
+    for c in np.unique(labels):
+        points = embedding[labels == c]
+        axis.scatter(points[:, 0], points[:, 1], s=4, color=palette[c], label=names[c] if c < len(names) else str(c))
+    axis.legend(markerscale=3, fontsize=7, loc="best", ncol=2)
+    axis.set_xticks([])
+    axis.set_yticks([])
+    axis.set_title(f"t-SNE of the final features  {title}".strip())
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
