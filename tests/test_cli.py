@@ -168,3 +168,40 @@ def test_sweeps_override_their_config_with_valid_flags(path):
     cfg = build_parser().parse_args([subcommand, "--config", str(REPO / config), *fixed, *swept])
     for name, spec in sweep["parameters"].items():
         assert cfg[subcommand][name] == spec["values"][-1]
+
+
+def _leaves(config: dict, prefix: str = "") -> dict[str, object]:
+    """``config`` as dotted paths to its leaves; a dotted key (``trainer.rounds: 3``) is a path already."""
+    leaves = {}
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            leaves |= _leaves(value, f"{path}.")
+        else:
+            leaves[path] = value
+    return leaves
+
+
+ROWS = [p for p in CONFIGS if "config" in (yaml.safe_load(p.read_text()) or {})]
+
+
+@pytest.mark.parametrize("path", ROWS, ids=lambda p: str(p.relative_to(REPO)))
+def test_a_row_config_is_its_base_file_plus_its_own_values(path):
+    # A nested section in a row file replaces the whole section of the file it names under `config:`,
+    # with every other value back at its default; rows must change single values only.
+    parser = build_parser()
+    row = yaml.safe_load(path.read_text())
+    base_path = path.parent / row.pop("config")
+
+    def resolved(*files):
+        stack = [arg for f in files for arg in ("--config", str(f))]
+        return _leaves(yaml.safe_load(parser.dump(parser.parse_args(["fit", *stack]))).get("fit"))
+
+    got, base, changes = resolved(path), resolved(base_path), _leaves(row)
+    for key, value in changes.items():
+        assert got[key] == value, key
+    # A changed class_path brings the new class's own init_args; everything else stays the base file's.
+    replaced = {key.rsplit(".", 1)[0] for key in changes if key.endswith("class_path")}
+    for key, value in base.items():
+        if key not in changes and not any(key.startswith(f"{section}.") for section in replaced):
+            assert got.get(key) == value, f"{key}: base {value!r}, row {got.get(key)!r}"
