@@ -1,7 +1,8 @@
 """Softmax and feature entropy maps of the global model on fixed images: MO-FedProto's Fig. 6 / Fig. S4.
 
-For the first ``num_images`` images of the global test set (the union of the clients' held-out splits
-when the dataset has none), at the rounds due, the global model W^{t+1} gives:
+For ``num_images`` images spread evenly over the global test set (the union of the clients' held-out
+splits, client after client, when the dataset has none), the same in every round and run, at the rounds
+due, the global model W^{t+1} gives:
 
 - its prediction, drawn in Pascal VOC's colour map;
 - H_S, the per-pixel entropy of its softmax (:func:`~fedlight.metrics.functional.entropy.softmax_entropy`);
@@ -40,7 +41,7 @@ class EntropyMaps(RoundCallback):
     Args:
         every_n_rounds: draw after every this many rounds, and after the last one; 0 draws after the last
             round only.
-        num_images: images shown, the first ones of the global test set.
+        num_images: images shown, evenly spaced over the global test set (the first and the last included).
     """
 
     def __init__(self, every_n_rounds: int = 0, num_images: int = 4) -> None:
@@ -61,7 +62,7 @@ class EntropyMaps(RoundCallback):
         due = self.every_n_rounds > 0 and (round_idx + 1) % self.every_n_rounds == 0
         if not (due or last):
             return
-        x, y = _first_test_images(trainer, self.num_images)
+        x, y = _spread_test_images(trainer, self.num_images)
         maps = entropy_maps(trainer, x)
         metrics["analysis/entropy_softmax"] = maps["softmax_entropy"].mean().item()
         metrics["analysis/entropy_features"] = maps["feature_entropy"].mean().item()
@@ -77,14 +78,18 @@ class EntropyMaps(RoundCallback):
         trainer.log_images({"analysis/entropy_maps": [str(path)]}, step=round_idx)
 
 
-def _first_test_images(trainer: FederatedTrainer, count: int) -> tuple[Tensor, Tensor]:
-    """The first ``count`` images ``[N, 3, H, W]`` and label maps ``[N, H, W]`` of the global test set."""
-    images, labels, taken = [], [], 0
-    for x, y, _ in trainer.datamodule.test_batches():
-        images.append(x[: count - taken])
-        labels.append(y[: count - taken])
-        taken += len(images[-1])
-        if taken == count:
+def _spread_test_images(trainer: FederatedTrainer, count: int) -> tuple[Tensor, Tensor]:
+    """``count`` evenly spaced images ``[n, 3, H, W]`` and label maps ``[n, H, W]`` of the global test set."""
+    data = trainer.datamodule
+    total = len(data.test) if data.test is not None else len(data.held_out_index)
+    wanted = torch.from_numpy(np.unique(np.linspace(0, total - 1, min(count, total)).round().astype(np.int64)))
+    images, labels, offset = [], [], 0
+    for x, y, _ in data.test_batches():
+        inside = wanted[(wanted >= offset) & (wanted < offset + len(x))] - offset
+        images.append(x[inside.to(x.device)])
+        labels.append(y[inside.to(y.device)])
+        offset += len(x)
+        if offset > wanted[-1]:
             break
     return torch.cat(images), torch.cat(labels)
 
