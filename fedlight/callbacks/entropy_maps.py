@@ -34,6 +34,10 @@ from fedlight.metrics.functional.entropy import feature_entropy, softmax_entropy
 if TYPE_CHECKING:
     from fedlight.trainer import FederatedTrainer
 
+# viridis at 0, ¼, ½, ¾, 1 (RGB), linearly interpolated: a perceptually ordered map without a plotting library
+_VIRIDIS_AT = np.linspace(0.0, 1.0, 5)
+_VIRIDIS = np.array([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], dtype=np.float64)
+
 
 class EntropyMaps(RoundCallback):
     """Saves and logs a PNG grid of predictions, H_S and H_E of fixed test images.
@@ -113,11 +117,8 @@ def render_grid(x: Tensor, y: Tensor, preds: Tensor, h_s: Tensor, h_e: Tensor, b
     """One row per image: input | ground truth | prediction | H_S | H_E, as ``[N·H, 5·W, 3]`` uint8 RGB.
 
     Inputs are min–max scaled per image; labels use VOC's colour map (void in its cream colour); H_S and
-    H_E are scaled to [0, log C] and [0, log D] and drawn with the viridis colour map.
+    H_E are scaled to [0, log C] and [0, log D] and drawn in viridis colours (dark blue low, yellow high).
     """
-    import matplotlib
-
-    viridis = matplotlib.colormaps["viridis"]
     palette = voc_colormap()
     x = x.float().cpu()
     low = x.amin(dim=(1, 2, 3), keepdim=True)
@@ -127,7 +128,9 @@ def render_grid(x: Tensor, y: Tensor, preds: Tensor, h_s: Tensor, h_e: Tensor, b
         inputs = inputs.repeat(3, axis=-1)
 
     def colored(entropy: Tensor, bound: float) -> np.ndarray:
-        return (viridis((entropy.cpu().numpy() / bound).clip(0, 1))[..., :3] * 255).astype(np.uint8)
+        level = (entropy.cpu().numpy() / bound).clip(0, 1)
+        channels = [np.interp(level, _VIRIDIS_AT, _VIRIDIS[:, k]) for k in range(3)]
+        return np.stack(channels, axis=-1).round().astype(np.uint8)
 
     columns = [
         inputs,
