@@ -1,7 +1,8 @@
 """Softmax and feature entropy maps of the global model on fixed images: MO-FedProto's Fig. 6 / Fig. S4.
 
-For the first ``num_images`` images of the global test set (the union of the clients' held-out splits
-when the dataset has none), at the rounds due, the global model W^{t+1} gives:
+For ``num_images`` images spread evenly over the global test set (the union of the clients' held-out
+splits, client after client, when the dataset has none), the same in every round and run, at the rounds
+due, the global model W^{t+1} gives:
 
 - its prediction, drawn in Pascal VOC's colour map;
 - H_S, the per-pixel entropy of its softmax (:func:`~fedlight.metrics.functional.entropy.softmax_entropy`);
@@ -33,6 +34,10 @@ from fedlight.metrics.functional.entropy import feature_entropy, softmax_entropy
 if TYPE_CHECKING:
     from fedlight.trainer import FederatedTrainer
 
+# viridis at 0, ¼, ½, ¾, 1 (RGB), linearly interpolated: a perceptually ordered map without a plotting library
+_VIRIDIS_AT = np.linspace(0.0, 1.0, 5)
+_VIRIDIS = np.array([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], dtype=np.float64)
+
 
 class EntropyMaps(RoundCallback):
     """Saves and logs a PNG grid of predictions, H_S and H_E of fixed test images.
@@ -40,7 +45,7 @@ class EntropyMaps(RoundCallback):
     Args:
         every_n_rounds: draw after every this many rounds, and after the last one; 0 draws after the last
             round only.
-        num_images: images shown, the first ones of the global test set.
+        num_images: images shown, evenly spaced over the global test set (the first and the last included).
     """
 
     def __init__(self, every_n_rounds: int = 0, num_images: int = 4) -> None:
@@ -61,7 +66,7 @@ class EntropyMaps(RoundCallback):
         due = self.every_n_rounds > 0 and (round_idx + 1) % self.every_n_rounds == 0
         if not (due or last):
             return
-        x, y = _first_test_images(trainer, self.num_images)
+        x, y = _spread_test_images(trainer, self.num_images)
         maps = entropy_maps(trainer, x)
         metrics["analysis/entropy_softmax"] = maps["softmax_entropy"].mean().item()
         metrics["analysis/entropy_features"] = maps["feature_entropy"].mean().item()
@@ -77,14 +82,18 @@ class EntropyMaps(RoundCallback):
         trainer.log_images({"analysis/entropy_maps": [str(path)]}, step=round_idx)
 
 
-def _first_test_images(trainer: FederatedTrainer, count: int) -> tuple[Tensor, Tensor]:
-    """The first ``count`` images ``[N, 3, H, W]`` and label maps ``[N, H, W]`` of the global test set."""
-    images, labels, taken = [], [], 0
-    for x, y, _ in trainer.datamodule.test_batches():
-        images.append(x[: count - taken])
-        labels.append(y[: count - taken])
-        taken += len(images[-1])
-        if taken == count:
+def _spread_test_images(trainer: FederatedTrainer, count: int) -> tuple[Tensor, Tensor]:
+    """``count`` evenly spaced images ``[n, 3, H, W]`` and label maps ``[n, H, W]`` of the global test set."""
+    data = trainer.datamodule
+    total = len(data.test) if data.test is not None else len(data.held_out_index)
+    wanted = torch.from_numpy(np.unique(np.linspace(0, total - 1, min(count, total)).round().astype(np.int64)))
+    images, labels, offset = [], [], 0
+    for x, y, _ in data.test_batches():
+        inside = wanted[(wanted >= offset) & (wanted < offset + len(x))] - offset
+        images.append(x[inside.to(x.device)])
+        labels.append(y[inside.to(y.device)])
+        offset += len(x)
+        if offset > wanted[-1]:
             break
     return torch.cat(images), torch.cat(labels)
 
@@ -108,11 +117,8 @@ def render_grid(x: Tensor, y: Tensor, preds: Tensor, h_s: Tensor, h_e: Tensor, b
     """One row per image: input | ground truth | prediction | H_S | H_E, as ``[N·H, 5·W, 3]`` uint8 RGB.
 
     Inputs are min–max scaled per image; labels use VOC's colour map (void in its cream colour); H_S and
-    H_E are scaled to [0, log C] and [0, log D] and drawn with the viridis colour map.
+    H_E are scaled to [0, log C] and [0, log D] and drawn in viridis colours (dark blue low, yellow high).
     """
-    import matplotlib
-
-    viridis = matplotlib.colormaps["viridis"]
     palette = voc_colormap()
     x = x.float().cpu()
     low = x.amin(dim=(1, 2, 3), keepdim=True)
@@ -122,7 +128,9 @@ def render_grid(x: Tensor, y: Tensor, preds: Tensor, h_s: Tensor, h_e: Tensor, b
         inputs = inputs.repeat(3, axis=-1)
 
     def colored(entropy: Tensor, bound: float) -> np.ndarray:
-        return (viridis((entropy.cpu().numpy() / bound).clip(0, 1))[..., :3] * 255).astype(np.uint8)
+        level = (entropy.cpu().numpy() / bound).clip(0, 1)
+        channels = [np.interp(level, _VIRIDIS_AT, _VIRIDIS[:, k]) for k in range(3)]
+        return np.stack(channels, axis=-1).round().astype(np.uint8)
 
     columns = [
         inputs,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedlight.callbacks.base import RoundCallback
+from fedlight.callbacks.figures import require_matplotlib
 from fedlight.data.labels import VOC_CLASSES, voc_colormap
 from fedlight.data.partition.summary import partition_statistics, plot_partition_summary
 
@@ -36,6 +37,7 @@ class PartitionSummary(RoundCallback):
     """
 
     def __init__(self, max_clients: int = 30, class_names: list[str] | None = None) -> None:
+        require_matplotlib("fedlight.callbacks.PartitionSummary")
         self.max_clients = max_clients
         self.class_names = class_names
 

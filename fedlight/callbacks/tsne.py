@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from fedlight.callbacks.base import RoundCallback
+from fedlight.callbacks.figures import require_matplotlib
 from fedlight.data.labels import IGNORE_INDEX, MACRO_CLASSES, VOC_CLASSES, voc_colormap
 from fedlight.errors import ConfigError
 from fedlight.metrics.functional.prototypes import dense_features_and_labels
@@ -43,6 +44,7 @@ class FeatureTSNE(RoundCallback):
             raise ConfigError(
                 f"Expected FeatureTSNE max_images ≥ 1 and max_points ≥ 3, got {max_images}, {max_points}."
             )
+        require_matplotlib("fedlight.callbacks.FeatureTSNE")
         self.max_images = max_images
         self.max_points = max_points
         self.include_background = include_background

@@ -50,6 +50,10 @@ class FederatedDataModule:
         train_transform: augmentation applied to every training batch, drawn from the client's own
             generator (e.g. :class:`~fedlight.data.transforms.RandomScaleCropFlip` for segmentation);
             evaluation batches are never transformed.
+        drop_last: drop each local epoch's last batch when it is smaller than ``batch_size``, as a
+            ``DataLoader`` does. DeepLab-V3+'s image-pooling BatchNorm cannot train on one image, so the
+            segmentation configs set it; a client with fewer training samples than one batch then
+            trains no step.
     """
 
     def __init__(
@@ -62,6 +66,7 @@ class FederatedDataModule:
         seed: int = 0,
         centralized: bool = False,
         train_transform: BatchTransform | None = None,
+        drop_last: bool = False,
     ) -> None:
         problems = []
         if batch_size < 1:
@@ -80,6 +85,7 @@ class FederatedDataModule:
         self.seed = seed
         self.centralized = centralized
         self.train_transform = train_transform
+        self.drop_last = drop_last
         self.device = torch.device("cpu")
         self._is_setup = False
 
@@ -145,13 +151,14 @@ class FederatedDataModule:
 
     def num_batches(self, client: int) -> int:
         """Training batches in one local epoch of client ``client``."""
-        return math.ceil(len(self.client_train[client]) / self.batch_size)
+        rounding = math.floor if self.drop_last else math.ceil
+        return rounding(len(self.client_train[client]) / self.batch_size)
 
     def train_batches(self, client: int, generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yields one shuffled epoch of client ``client``'s training batches (the last may be smaller)."""
         indices = self.client_train[client]
         order = indices[torch.randperm(len(indices), generator=generator).to(indices.device)]
-        for start in range(0, len(order), self.batch_size):
+        for start in range(0, self.num_batches(client) * self.batch_size, self.batch_size):
             batch = order[start : start + self.batch_size]
             x, y = _take(self.pool.inputs, batch, self.device), _take(self.pool.targets, batch, self.device)
             if self.train_transform is not None:

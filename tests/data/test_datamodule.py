@@ -95,3 +95,14 @@ def test_a_lazy_pool_serves_the_same_batches() -> None:
         for (x, y), (lx, ly) in zip(make(resident), make(lazy), strict=True):
             assert torch.equal(x, lx) and torch.equal(y, ly)
     assert lazy.pool.inputs.reads > 0
+
+
+def test_drop_last_leaves_out_the_short_batch() -> None:
+    data = _datamodule(_scenes(), drop_last=True)
+    keep = _datamodule(_scenes())
+    for client in range(6):
+        size = len(data.client_train[client])
+        sizes = [len(x) for x, _ in data.train_batches(client, torch.Generator().manual_seed(0))]
+        assert sizes == [4] * (size // 4) and data.num_batches(client) == size // 4
+        full = [len(x) for x, _ in keep.train_batches(client, torch.Generator().manual_seed(0))]
+        assert sum(full) == size and keep.num_batches(client) == len(full) == -(-size // 4)

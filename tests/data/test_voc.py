@@ -127,3 +127,24 @@ def test_missing_dataset_says_what_to_download(tmp_path):
     _write_voc(tmp_path, augmented=False)
     with pytest.raises(ConfigError, match="split=train"):
         PascalVOC(root=str(tmp_path)).load_train()
+
+
+def test_a_federated_round_reads_the_lazy_pool(tmp_path):
+    from fedlight.clients import SegmentationClient
+    from fedlight.data.transforms import RandomScaleCropFlip
+    from fedlight.strategies import FedProto
+    from fedlight.trainer import FederatedTrainer
+
+    _write_voc(tmp_path)
+    data = FederatedDataModule(
+        PascalVOC(root=str(tmp_path), canvas_size=32, label_set="macro", test_split="val"),
+        DirichletPowerLaw(num_clients=2, alpha=1.0),
+        batch_size=2,
+        drop_last=True,
+        train_transform=RandomScaleCropFlip(crop_size=32),
+    )
+    torch.manual_seed(0)
+    model = SegmentationClient(5, (3, 32, 32), model_kwargs={"encoder_weights": None, "decoder_channels": 8})
+    settings = {"logger": "csv", "enable_progress_bar": False, "default_root_dir": tmp_path / "runs"}
+    metrics = FederatedTrainer(rounds=1, clients_per_round=2, local_epochs=1, **settings).fit(model, data, FedProto())
+    assert 0.0 <= metrics["test/miou"] <= 1.0 and 0.0 <= metrics["clients/miou"] <= 1.0
