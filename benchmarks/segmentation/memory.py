@@ -7,7 +7,7 @@ batch 16, 10 clients per round. Here at 256×256 on procedural scenes, one local
 Each measurement is a fresh subprocess, so its peak resident set size (``ru_maxrss``; on CUDA also
 ``torch.cuda.max_memory_allocated``) is that round's own. The data pool and the partition are the same in
 every subprocess; only the clients per round K and their local epochs F change. fedlight trains the
-round's clients one after another on one resident module and streams each finished state into one fp32
+round's clients one after another on one resident module and streams each finished state into one fp64
 weighted sum, so its own buffers — the global state W^t and the ``[channels, P]`` aggregation sum — do not
 depend on K; the script prints them (they are exact). A CPU's peak RSS also grows with the number of
 optimizer steps a process has run (the allocator keeps freed activation blocks), so the plans compare
@@ -70,8 +70,8 @@ def measure(size: int, clients_per_round: int, local_epochs: int, root: str) -> 
         "round_s": time.perf_counter() - started,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux reports KiB
         "parameters": parameters,
-        # W^t [P] and the weighted sum [channels, P] + its weights, fp32: what fedlight itself holds
-        "framework_mb": 4 * parameters * (1 + FedAvg.weight_channels) / 2**20,
+        # W^t [P] in fp32 and the weighted sum [channels, P] in fp64: what fedlight itself holds
+        "framework_mb": (4 + 8 * FedAvg.weight_channels) * parameters / 2**20,
         "test_miou": metrics.get("test/miou", float("nan")),
     }
     if accelerator == "cuda":
