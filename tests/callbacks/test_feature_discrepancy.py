@@ -1,39 +1,20 @@
 """FeatureDiscrepancy against maximum_mean_discrepancy applied here to both models' features."""
 
 import pytest
+import small_run
 import torch
+from small_run import make_model, make_trainer
 
 from fedlight.callbacks import FeatureDiscrepancy, RoundCallback
 from fedlight.callbacks.feature_discrepancy import feature_discrepancy_gain
-from fedlight.clients import ClassificationClient
-from fedlight.data import FederatedDataModule, Synthetic
 from fedlight.errors import ConfigError
 from fedlight.metrics.functional import maximum_mean_discrepancy
 from fedlight.strategies import FedAvg
-from fedlight.trainer import FederatedTrainer
 
 
 def make_data():
     # held-out batches of 5: the first max_samples inputs span several batches
-    return FederatedDataModule(Synthetic(num_clients=6, dim=12, seed=1), batch_size=10, eval_batch_size=5)
-
-
-def make_model(seed=0, hidden=16):
-    torch.manual_seed(seed)
-    return ClassificationClient(num_classes=10, input_shape=(12,), model="mlp", model_kwargs={"hidden": [hidden]})
-
-
-def make_trainer(tmp_path, rounds=2, callbacks=None):
-    return FederatedTrainer(
-        rounds=rounds,
-        clients_per_round=3,
-        local_epochs=1,
-        straggler_fraction=0.5,  # FedAvg drops stragglers: they still count in K^t
-        default_root_dir=tmp_path,
-        logger="csv",
-        enable_progress_bar=False,
-        callbacks=callbacks,
-    )
+    return small_run.make_data(eval_batch_size=5)
 
 
 @pytest.fixture(scope="module")

@@ -1,39 +1,20 @@
 """GradientDissimilarity against the direct formula with per-client autograd gradients computed here."""
 
 import pytest
+import small_run
 import torch
 import torch.nn.functional as F
+from small_run import make_model, make_trainer
 
 from fedlight.callbacks import GradientDissimilarity, RoundCallback
 from fedlight.callbacks.gradient_dissimilarity import dissimilarity_from_sums
-from fedlight.clients import ClassificationClient
-from fedlight.data import FederatedDataModule, Synthetic
 from fedlight.errors import ConfigError
 from fedlight.strategies import FedAvg, FedProx
-from fedlight.trainer import FederatedTrainer
 
 
 def make_data():
     # evaluation-sized batches of 16: a client's full-batch gradient is assembled from several batches
-    return FederatedDataModule(Synthetic(num_clients=6, dim=12, seed=1), batch_size=10, eval_batch_size=16)
-
-
-def make_model():
-    torch.manual_seed(0)
-    return ClassificationClient(num_classes=10, input_shape=(12,), model="mlp", model_kwargs={"hidden": [16]})
-
-
-def make_trainer(tmp_path, rounds=2, callbacks=None):
-    return FederatedTrainer(
-        rounds=rounds,
-        clients_per_round=3,
-        local_epochs=1,
-        straggler_fraction=0.5,
-        default_root_dir=tmp_path,
-        logger="csv",
-        enable_progress_bar=False,
-        callbacks=callbacks,
-    )
+    return small_run.make_data(eval_batch_size=16)
 
 
 class StartStates(RoundCallback):
