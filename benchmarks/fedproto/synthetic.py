@@ -32,7 +32,6 @@ still written from the runs that finished.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
@@ -48,6 +47,9 @@ from pathlib import Path
 import numpy as np
 
 from fedlight.callbacks.feature_discrepancy import feature_discrepancy_gain
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from run_files import latest_version, read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf" / "fedproto"
@@ -90,21 +92,6 @@ class Run:
 
 
 # -- running ----------------------------------------------------------------------------------------
-def latest_version(root: Path, name: str) -> Path | None:
-    """The newest ``<root>/<name>/version_<n>`` folder, where fedlight put the run's last attempt."""
-    versions = [p for p in (root / name).glob("version_*") if p.name.split("_")[1].isdigit()]
-    return max(versions, key=lambda p: int(p.name.split("_")[1]), default=None)
-
-
-def read_metrics(run_dir: Path | None) -> list[dict[str, float]]:
-    """The rows of a run's metrics.csv as floats (NaN where a round did not log a column)."""
-    path = None if run_dir is None else run_dir / "metrics.csv"
-    if path is None or not path.exists():
-        return []
-    with path.open(newline="") as f:
-        return [{k: float(v) if v not in ("", None) else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
-
-
 def command(run: Run, root: Path) -> list[str]:
     """The ``fedlight fit`` command line of ``run``, resuming its last attempt if that left a checkpoint."""
     args = [sys.executable, "-m", "fedlight", "fit", "--config", str(run.config)]

@@ -24,7 +24,7 @@ The script exits with status 1 if a run failed, after writing the table from the
 from __future__ import annotations
 
 import argparse
-import csv
+import math
 import os
 import sys
 import time
@@ -37,6 +37,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # this checkout's fedlight, in this process and the spawned workers
+sys.path.insert(0, str(REPO / "benchmarks"))
+from run_files import latest_version, read_metrics  # noqa: E402
+
 ROWS = REPO / "conf" / "fedsls" / "cifar10"
 
 #: method → (Table 1 row config, strategy section replacing the row's, or None)
@@ -160,11 +163,8 @@ def fit(config: Path, out: Path, name: str) -> tuple[str, float, str | None]:
 
 def accuracies(out: Path, name: str) -> list[float]:
     """Per-round test accuracy of the newest run called ``name``."""
-    versions = sorted((out / "runs" / name).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
-    if not versions:
-        return []
-    with open(versions[-1] / "metrics.csv") as f:
-        return [float(row["test/acc"]) for row in csv.DictReader(f) if row.get("test/acc")]
+    rows = read_metrics(latest_version(out / "runs", name))
+    return [row["test/acc"] for row in rows if not math.isnan(row.get("test/acc", math.nan))]
 
 
 def partition_figures(out: Path, size: str, alphas: list[str]) -> None:

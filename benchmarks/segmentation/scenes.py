@@ -24,7 +24,6 @@ Presets (from the repository root)::
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
@@ -35,6 +34,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from run_files import latest_version, read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf" / "fedproto"
@@ -95,19 +97,6 @@ class Run:
         """The config and the preset's size overrides, as ``fedlight fit`` arguments."""
         flags = ["--config", str(self.config), *(f"--{key}={value}" for key, value in preset["overrides"].items())]
         return [*flags, f"--data.partitioner.init_args.alpha={self.alpha}"]
-
-
-def latest_version(root: Path, name: str) -> Path | None:
-    versions = [p for p in (root / name).glob("version_*") if p.name.split("_")[1].isdigit()]
-    return max(versions, key=lambda p: int(p.name.split("_")[1]), default=None)
-
-
-def read_metrics(run_dir: Path | None) -> list[dict[str, float]]:
-    path = None if run_dir is None else run_dir / "metrics.csv"
-    if path is None or not path.exists():
-        return []
-    with path.open(newline="") as f:
-        return [{k: float(v) if v not in ("", None) else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def command(run: Run, args: argparse.Namespace, root: Path) -> list[str]:
