@@ -26,9 +26,9 @@ from fedlight.errors import ConfigError
 from fedlight.metrics.functional.prototypes import (
     aggregate_mean_margin,
     aggregate_mean_margin_as_written,
-    class_feature_sums,
     prototypes_from_sums,
 )
+from fedlight.strategies.fedproto import class_feature_batches
 
 if TYPE_CHECKING:
     from fedlight.trainer import FederatedTrainer
@@ -67,17 +67,12 @@ def _pooled_class_sums(trainer: FederatedTrainer) -> tuple[torch.Tensor, torch.T
     Each process takes every world_size-th client and one all-reduce sums the statistics, so every rank
     returns the same numbers.
     """
-    fabric, data, precision = trainer.fabric, trainer.datamodule, trainer.precision
+    fabric, data = trainer.fabric, trainer.datamodule
     module = trainer.global_module()  # W^{t+1}, eval mode
     sums = torch.zeros(data.num_classes, module.net.num_features, dtype=torch.float64, device=fabric.device)
     counts = torch.zeros(data.num_classes, dtype=torch.float64, device=fabric.device)
     for client in range(fabric.global_rank, data.num_clients, fabric.world_size):
-        for batch in data.client_batches(client, split="train"):
-            x, y = precision.convert_input(batch)
-            with precision.forward_context():
-                features = module.net.forward_features(x)  # [B, D] or [B, D, h, w]
-            ignore_index = getattr(module, "ignore_index", None)  # segmentation's void label
-            batch_sums, batch_counts = class_feature_sums(features.float(), y, data.num_classes, ignore_index)
+        for batch_sums, batch_counts in class_feature_batches(trainer, module, client):
             sums += batch_sums
             counts += batch_counts
     if fabric.world_size > 1:

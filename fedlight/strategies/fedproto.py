@@ -25,7 +25,7 @@ used, so one [C, D] tensor serves both Eq. 10 (p̂) and the AMM analysis metric 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -176,6 +176,25 @@ class FedProto(Strategy):
 
 
 @torch.no_grad()
+def class_feature_batches(
+    trainer: FederatedTrainer, module: LightningModule, client: int
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Per-batch class feature sums ``[C, D]`` and counts ``[C]`` of ``module`` over a client's training split.
+
+    The features are the classifier's input, ``module.net.forward_features``: ``[B, D]``, or ``[B, D, h, w]``
+    for dense models, whose pixels count as samples with void (the module's ``ignore_index``) left out (D5).
+    The caller sets the module's mode and adds the batches up.
+    """
+    precision, num_classes = trainer.precision, trainer.datamodule.num_classes
+    ignore_index = getattr(module, "ignore_index", None)  # segmentation's void label
+    for batch in trainer.datamodule.client_batches(client, split="train"):
+        x, y = precision.convert_input(batch)
+        with precision.forward_context():
+            features = module.net.forward_features(x)
+        yield class_feature_sums(features, y, num_classes, ignore_index)
+
+
+@torch.no_grad()
 def _client_prototypes(trainer: FederatedTrainer, module: LightningModule, client: int) -> tuple[Tensor, Tensor]:
     """Class prototypes ``[C, D]`` and counts ``[C]`` of a client's training set, on the CPU (Eq. 4, D5).
 
@@ -186,16 +205,10 @@ def _client_prototypes(trainer: FederatedTrainer, module: LightningModule, clien
     Eval mode and no gradients only: BatchNorm statistics, dropout and the RNG streams are left as they
     were, so the local fit runs exactly as without this pass.
     """
-    precision, num_classes = trainer.precision, trainer.datamodule.num_classes
-    ignore_index = getattr(module, "ignore_index", None)  # segmentation's void label
     was_training = module.training
     module.eval()
     sums, counts = None, None
-    for batch in trainer.datamodule.client_batches(client):
-        x, y = precision.convert_input(batch)
-        with precision.forward_context():
-            features = module.net.forward_features(x)  # [B, D] or [B, D, h, w]: the classifier's input
-        batch_sums, batch_counts = class_feature_sums(features, y, num_classes, ignore_index)
+    for batch_sums, batch_counts in class_feature_batches(trainer, module, client):
         sums = batch_sums if sums is None else sums + batch_sums
         counts = batch_counts if counts is None else counts + batch_counts
     module.train(was_training)
