@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
 
@@ -27,6 +26,8 @@ class Digits(FederatedDataset):
 
     def load_train(self) -> LabelledTensors:
         """Loads and standardises all 1,797 images."""
+        from sklearn.datasets import load_digits  # here: scikit-learn's import is slower than the data
+
         images, labels = load_digits(return_X_y=True)  # [N, 64] with values 0..16, [N]
         mean, std = images.mean(axis=0), images.std(axis=0)
         standardised = np.divide(images - mean, std, out=np.zeros_like(images), where=std > 0)

@@ -15,7 +15,6 @@ instantiate without network or weight files, and a resumed run never needs them.
 
 from __future__ import annotations
 
-import segmentation_models_pytorch as smp
 import torch
 from torch import nn
 
@@ -58,6 +57,8 @@ class DeepLabV3Plus(nn.Module):
             problems.append(f"Expected --model.init_args.model_kwargs.output_stride in {{8, 16}}, got {output_stride}.")
         if problems:
             raise ConfigError(*problems)
+        import segmentation_models_pytorch as smp  # here, not at import: it pulls timm in (~1.5 s per process)
+
         # the architecture only: pretrained weights come later, from load_pretrained
         self.model = smp.DeepLabV3Plus(
             encoder_name=encoder_name,
@@ -81,6 +82,8 @@ class DeepLabV3Plus(nn.Module):
         """
         if self.encoder_weights is None:
             return
+        import segmentation_models_pytorch as smp
+
         try:
             pretrained = smp.encoders.get_encoder(
                 self.encoder_name,

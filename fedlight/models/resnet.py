@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import timm
 import torch
 from torch import nn
 
@@ -121,6 +120,8 @@ class ResNet(nn.Module):
 
 def _create(arch: str, pretrained: bool, pretrained_file: str | None, **kwargs) -> nn.Module:
     """The timm network without its classifier (``num_classes=0``), with PyTorch's weights if asked."""
+    import timm  # here, not at import: timm's model zoo takes ~1.5 s to import, and most runs never need it
+
     if not pretrained:
         return timm.create_model(arch, pretrained=False, num_classes=0, **kwargs)
     tag = _PRETRAINED_TAGS[arch]
