@@ -21,6 +21,7 @@ RESUMABLE_KEYS = (
     "trainer.checkpoint_every",
     "trainer.accelerator",
     "trainer.devices",
+    "trainer.channels_last",
     "trainer.num_nodes",
     "trainer.default_root_dir",
     "trainer.name",

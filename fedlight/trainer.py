@@ -20,16 +20,19 @@ from __future__ import annotations
 import logging
 import math
 import os
+import pickle
+import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from lightning.fabric import Fabric
+from lightning.fabric.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from torchmetrics import Metric
 from tqdm.auto import tqdm
 
@@ -48,6 +51,7 @@ log = logging.getLogger(__name__)
 
 Precision = Literal["32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true"]
 LoggerName = Literal["csv", "wandb"]
+StartMethod = Literal["popen", "fork"]
 
 # Stream tags of the seed sequences, so that round-level and client-level draws never coincide.
 _ROUND_STREAM, _CLIENT_STREAM, _STRATEGY_STREAM = 0, 1, 2
@@ -71,8 +75,18 @@ class FederatedTrainer:
         devices: processes per node; with more than one, each round's clients are spread over them
             (greedy by size) and aggregated with one all-reduce.
         num_nodes: number of nodes (launch with ``torchrun`` or SLURM as for any Fabric program).
+        start_method: how the ``devices`` processes of one machine start. ``popen`` (Fabric's ``ddp``) runs
+            the command again in every new process, which imports and builds everything anew; ``fork``
+            (``ddp_fork``) forks this process once it has imported them, which starts seconds sooner and also
+            works in notebooks. With ``fork`` the rounds run in the forked processes and rank 0's results
+            (global model, history, strategy and callback states) come back to this one; CUDA must not be
+            initialised before the fork. Multi-node launches (``torchrun``, SLURM) use ``popen``.
         precision: Fabric precision applied inside each local step (``bf16-mixed`` autocasts the
             client's forward pass); the global model and aggregation stay in fp32.
+        channels_last: keep the model's 4-D weights in channels-last (NHWC) memory layout, as timm's
+            ``--channels-last`` does. Convolutions and pooling of small CNNs on CPUs (oneDNN), and most
+            convolutions on GPUs under mixed precision, run faster in it; results then differ from the
+            default layout by float rounding. Models without 4-D weights are unaffected.
         default_root_dir: where runs go: ``<default_root_dir>/<name>/version_<n>/``.
         name: the experiment's folder name and W&B run name (the command line uses the config file's name).
         logger: where per-round metrics go besides the progress bar: ``csv`` (``metrics.csv``) and/or
@@ -98,7 +112,9 @@ class FederatedTrainer:
         accelerator: str = "cpu",
         devices: int = 1,
         num_nodes: int = 1,
+        start_method: StartMethod = "popen",
         precision: Precision = "32-true",
+        channels_last: bool = False,
         default_root_dir: str | Path = "runs",
         name: str = "fedlight",
         logger: list[LoggerName] | LoggerName | None = ("csv", "wandb"),
@@ -132,6 +148,11 @@ class FederatedTrainer:
                 f"Expected --trainer.straggler_fraction (δ) in [0, 1], got {straggler_fraction}. "
                 "It is a share of each round's clients: 0.5 means half of them are stragglers."
             )
+        if start_method == "fork" and num_nodes > 1:
+            problems.append(
+                "--trainer.start_method=fork starts the processes of one machine; with "
+                f"--trainer.num_nodes={num_nodes}, torchrun or SLURM starts them. Use --trainer.start_method=popen."
+            )
         if problems:
             raise ConfigError(*problems)
         self.rounds = rounds
@@ -141,6 +162,7 @@ class FederatedTrainer:
         self.straggler_fraction = straggler_fraction
         self.eval_every = eval_every
         self.checkpoint_every = checkpoint_every
+        self.channels_last = channels_last
         self.default_root_dir = Path(default_root_dir)
         self.name = name
         self.loggers = [logger] if isinstance(logger, str) else list(logger or [])
@@ -149,7 +171,7 @@ class FederatedTrainer:
         self.enable_progress_bar = enable_progress_bar
         # The command line seeds everything before instantiating anything; PL_GLOBAL_SEED is that seed.
         self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
-        strategy = "auto" if devices * num_nodes == 1 else ClientParallelStrategy(start_method="popen")
+        strategy = "auto" if devices * num_nodes == 1 else ClientParallelStrategy(start_method=start_method)
         self.fabric = Fabric(
             accelerator=accelerator,
             devices=devices,
@@ -163,6 +185,7 @@ class FederatedTrainer:
         self.history: list[dict[str, float]] = []
         self.round = 0
         self.round_plans: list[ClientPlan] = []
+        self._forked = False  # true inside the processes that start_method=fork created
 
     # -- public entry points ----------------------------------------------------------------------
     def fit(
@@ -185,6 +208,9 @@ class FederatedTrainer:
         Returns:
             The last round's metrics.
         """
+        return self._in_processes(self._fit, model, datamodule, strategy, ckpt_path, config)
+
+    def _fit(self, model, datamodule, strategy, ckpt_path, config) -> dict[str, float]:
         self._setup(model, datamodule, strategy, ckpt_path, config)
         fabric = self.fabric
         fabric.call("on_fit_start", trainer=self)
@@ -227,8 +253,7 @@ class FederatedTrainer:
         config: dict[str, Any] | None = None,
     ) -> dict[str, float]:
         """Evaluates the global model (of ``ckpt_path`` if given) on every client's held-out split."""
-        self._setup(model, datamodule, strategy, ckpt_path, config, logging=False)
-        return self._report(self._evaluate(clients=True, test=False))
+        return self._in_processes(self._evaluate_only, model, datamodule, strategy, ckpt_path, config, clients=True)
 
     def test(
         self,
@@ -239,8 +264,45 @@ class FederatedTrainer:
         config: dict[str, Any] | None = None,
     ) -> dict[str, float]:
         """Evaluates the global model (of ``ckpt_path`` if given) on the global test set."""
+        return self._in_processes(self._evaluate_only, model, datamodule, strategy, ckpt_path, config, clients=False)
+
+    def _evaluate_only(self, model, datamodule, strategy, ckpt_path, config, clients: bool) -> dict[str, float]:
         self._setup(model, datamodule, strategy, ckpt_path, config, logging=False)
-        return self._report(self._evaluate(clients=False, test=True))
+        return self._report(self._evaluate(clients=clients, test=not clients))
+
+    # -- processes -----------------------------------------------------------------------------------
+    def _in_processes(self, work: Callable[..., dict[str, float]], model, datamodule, strategy, *args, **kwargs):
+        """Runs ``work`` on every rank: here (one process, or ``popen``, where this process is rank 0 and
+        ``_setup`` starts the others), or in forked processes whose rank-0 outcome this process adopts."""
+        if not isinstance(self.fabric.strategy.launcher, _MultiProcessingLauncher) or self._forked:
+            return work(model, datamodule, strategy, *args, **kwargs)
+        # Rank 0 hands its outcome back through a file: Fabric returns it through a pipe that is read only
+        # after the processes exit, so anything over the pipe's buffer (~64 KiB) would never be sent.
+        with tempfile.TemporaryDirectory(prefix="fedlight-fork-") as folder:
+            outcome_file = Path(folder) / "outcome.pkl"
+            self.fabric.launch(self._forked_work, outcome_file, work, model, datamodule, strategy, *args, **kwargs)
+            outcome = pickle.loads(outcome_file.read_bytes())
+        self._adopt(outcome, model, datamodule, strategy)
+        return outcome["result"]
+
+    def _forked_work(self, fabric: Fabric, outcome_file: Path, work, *args, **kwargs) -> None:
+        self._forked = True
+        result = work(*args, **kwargs)
+        if fabric.global_rank == 0:
+            outcome = {"result": result, "state": self._run_state(), "run_dir": self.run_dir}
+            outcome_file.write_bytes(pickle.dumps(outcome))
+
+    def _adopt(self, outcome: dict[str, Any], model, datamodule, strategy) -> None:
+        """Takes over rank 0's outcome in the process that forked the ranks: W^T in ``model``, the history,
+        the strategy's and callbacks' states, as if the rounds had run here."""
+        state = outcome["state"]
+        self.datamodule, self.strategy, self.module, self.config = datamodule, strategy, model, state["config"]
+        self.precision = self.fabric.strategy.precision
+        self.layout = FlatState(model)
+        self._evaluation_metrics = {}
+        self._load_run_state(state)
+        self.layout.load(model, self.global_state, self.global_integers)
+        self.run_dir = outcome["run_dir"]
 
     # -- set-up ------------------------------------------------------------------------------------
     def _setup(
@@ -253,7 +315,8 @@ class FederatedTrainer:
         logging: bool = True,
     ) -> None:
         fabric = self.fabric
-        fabric.launch()
+        if not self._forked:  # forked processes were launched already
+            fabric.launch()
         datamodule.setup()
         if self.clients_per_round > datamodule.num_clients:
             raise ConfigError(
@@ -269,6 +332,8 @@ class FederatedTrainer:
         if ckpt_path is None:  # weights from outside the run (an ImageNet encoder); a checkpoint has its own
             model.configure_model()
         self.module = self.precision.convert_module(model).to(fabric.device)
+        if self.channels_last:  # the flat state reads and writes parameters in logical order, whatever their layout
+            self.module.to(memory_format=torch.channels_last)
         self.layout = FlatState(self.module)
         self._evaluation_metrics: dict[int, Metric] = {}
         # W^t: fp32 whatever the compute precision, on the training device.
@@ -567,8 +632,11 @@ class FederatedTrainer:
                 "The checkpoint passed as --ckpt_path belongs to another configuration:",
                 *(f"  - {p}" for p in problems),
                 "Resume with the configuration that wrote it (its run directory holds config.yaml); only "
-                "trainer.rounds, logging, evaluation/checkpoint cadence and devices may change.",
+                "trainer.rounds, logging, evaluation/checkpoint cadence, devices and memory layout may change.",
             )
+        self._load_run_state(state)
+
+    def _load_run_state(self, state: dict[str, Any]) -> None:
         self.global_state, self.global_integers = self.layout.from_state_dict(state["global_state"])
         self.global_state = self.global_state.to(self.fabric.device)
         self.strategy.load_state_dict(state["strategy"]["state"])

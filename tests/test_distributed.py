@@ -11,8 +11,8 @@ from fedlight import checkpoint as ckpt_io
 REPO = Path(__file__).resolve().parents[1]
 
 
-def fit(tmp_path: Path, devices: int) -> dict:
-    name = f"devices{devices}"
+def fit(tmp_path: Path, devices: int, *extra: str, name: str = "") -> dict:
+    name = name or f"devices{devices}"
     command = [
         sys.executable, "-m", "fedlight", "fit",
         "--config", str(REPO / "conf/fedproto/synthetic/fedavg_delta50.yaml"),
@@ -21,6 +21,7 @@ def fit(tmp_path: Path, devices: int) -> dict:
         "--trainer.enable_progress_bar=false",
         # tolerated stragglers: ranks run clients with different workloads
         "--strategy.init_args.tolerate_stragglers=true",
+        *extra,
     ]  # fmt: skip
     subprocess.run(command, check=True, cwd=tmp_path, timeout=300, capture_output=True)
     return ckpt_io.load(tmp_path / name / "version_0" / "checkpoints" / "last.ckpt")
@@ -34,3 +35,11 @@ def test_two_processes_give_the_same_model_and_metrics_as_one(tmp_path):
         assert row_one["round/clients_aggregated"] == row_two["round/clients_aggregated"] == 10
         for key in ("train/loss", "test/acc", "clients/acc_mean"):
             assert abs(row_one[key] - row_two[key]) < 1e-5, key
+
+
+def test_fork_started_processes_give_the_same_model_as_popen(tmp_path):
+    popen = fit(tmp_path, 2)
+    forked = fit(tmp_path, 2, "--trainer.start_method=fork", name="fork")
+    for name, value in popen["global_state"].items():
+        assert torch.equal(forked["global_state"][name], value), name
+    assert [row["test/acc"] for row in forked["history"]] == [row["test/acc"] for row in popen["history"]]

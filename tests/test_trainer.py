@@ -7,8 +7,10 @@ import torch
 from fedlight import checkpoint as ckpt_io
 from fedlight.callbacks import RoundCallback
 from fedlight.clients import ClassificationClient
-from fedlight.data import FederatedDataModule, Synthetic
+from fedlight.data import Digits, FederatedDataModule, Synthetic
+from fedlight.data.partition import PowerLaw
 from fedlight.errors import ConfigError
+from fedlight.state import FlatState
 from fedlight.strategies import FedAvg
 from fedlight.testing import Kill, KillAfterRound, ScalarClient, ScalarDataset
 from fedlight.trainer import FederatedTrainer
@@ -164,6 +166,40 @@ def test_precision_applies_inside_the_client_step(tmp_path, precision, compute):
     trainer.fit(model, synthetic_data(), FedAvg())
     assert model.seen == (compute, torch.float32)  # autocast compute, fp32 master weights
     assert trainer.global_state.dtype == torch.float32  # the server keeps fp32
+
+
+class LayoutRecorder(ClassificationClient):
+    def training_step(self, batch, batch_idx):
+        weight = self.net.encoder[3].weight  # the second convolution, [64, 32, 5, 5]
+        self.seen = (weight.is_contiguous(), weight.is_contiguous(memory_format=torch.channels_last))
+        return super().training_step(batch, batch_idx)
+
+
+def digits_cnn_run(tmp_path, channels_last):
+    torch.manual_seed(0)
+    model = LayoutRecorder(num_classes=10, input_shape=(1, 8, 8), model="cnn", model_kwargs={"hidden": 32})
+    data = FederatedDataModule(Digits(), PowerLaw(num_clients=20, classes_per_client=2), batch_size=10)
+    trainer = make_trainer(
+        tmp_path / f"channels_last_{channels_last}", rounds=2, straggler_fraction=0.0, channels_last=channels_last
+    )
+    trainer.fit(model, data, FedAvg())
+    return trainer, model
+
+
+def test_channels_last_trains_in_nhwc_and_ends_at_the_same_model(tmp_path):
+    default, default_model = digits_cnn_run(tmp_path, channels_last=False)
+    nhwc, nhwc_model = digits_cnn_run(tmp_path, channels_last=True)
+    assert default_model.seen == (True, False)
+    assert nhwc_model.seen == (False, True)
+    # the same arithmetic in another memory order: equal up to float rounding, which 40 SGD steps amplify to
+    # ~1e-5; weights read or written in the wrong order would differ by the size of the weights (~0.1)
+    torch.testing.assert_close(nhwc.global_state, default.global_state, rtol=0, atol=1e-4)
+    # the checkpoint holds ordinary contiguous tensors in logical order: a default-layout model reads W^T
+    state = ckpt_io.load(nhwc.run_dir / "checkpoints" / "last.ckpt")["global_state"]
+    assert all(t.is_contiguous() for t in state.values())
+    reference = LayoutRecorder(num_classes=10, input_shape=(1, 8, 8), model="cnn", model_kwargs={"hidden": 32})
+    reference.load_state_dict(state)
+    assert torch.equal(FlatState(reference).flatten(reference), nhwc.global_state)
 
 
 def test_bad_trainer_settings_are_reported_together():
@@ -334,3 +370,41 @@ def test_schedulers_step_per_optimizer_step_and_know_their_fit(tmp_path):
     steps = [fit.num_steps for fit in model.fits]
     assert sum(steps) == len(model.rates)  # each fit ran the steps it was announced
     assert model.rates == pytest.approx([0.5**step for num_steps in steps for step in range(num_steps)])
+
+
+class CountingCallback(RoundCallback):
+    def __init__(self):
+        self.rounds_seen = 0
+
+    def on_round_end(self, trainer, round_idx, metrics):
+        self.rounds_seen += 1
+
+    def state_dict(self):
+        return {"rounds_seen": self.rounds_seen}
+
+    def load_state_dict(self, state):
+        self.rounds_seen = state["rounds_seen"]
+
+
+def test_forked_processes_hand_rank_zeros_results_back(tmp_path):
+    one = make_trainer(tmp_path / "one", rounds=3)
+    one.fit(make_model(), synthetic_data(), FedAvg())
+
+    counter, model = CountingCallback(), make_model()
+    forked = make_trainer(tmp_path / "forked", rounds=3, devices=2, start_method="fork", callbacks=[counter])
+    metrics = forked.fit(model, synthetic_data(), FedAvg())
+
+    # the rounds ran in two forked processes; this one holds rank 0's outcome as if they had run here
+    assert torch.equal(forked.global_state, one.global_state)  # fp64 aggregation: independent of the spread
+    assert forked.round == 3 and [row["test/acc"] for row in forked.history] == [row["test/acc"] for row in one.history]
+    assert metrics["test/acc"] == one.history[-1]["test/acc"]
+    assert counter.rounds_seen == 3
+    assert torch.equal(FlatState(model).flatten(model), one.global_state)  # the caller's module holds W^T
+    assert (forked.run_dir / "checkpoints" / "last.ckpt").exists()
+    # and evaluation forks again from the adopted state
+    assert forked.validate(model, synthetic_data(), FedAvg())["clients/acc"] == one.history[-1]["clients/acc"]
+
+
+def test_fork_start_across_nodes_is_refused():
+    with pytest.raises(ConfigError, match="start_method=popen"):
+        FederatedTrainer(devices=2, num_nodes=2, start_method="fork")
