@@ -37,7 +37,8 @@ def _workload(config: ConfigRecord) -> harness.Exported:
     path = str(config["exported"])
     if path not in _resident:
         torch.set_num_threads(int(config["threads"]))
-        _resident[path] = harness.load_exported(path, torch.device(str(config["accelerator"])))
+        device = torch.device(str(config["accelerator"]))
+        _resident[path] = harness.load_exported(path, device, bool(config["channels-last"]))
     return _resident[path]
 
 
@@ -109,12 +110,13 @@ class SameClientsFedAvg(FedAvg):
 
 def run(args: argparse.Namespace, work: harness.Workload) -> dict[str, Any]:
     device = torch.device(args.accelerator)
-    data = harness.load_exported(args.exported, device)  # the server's copy, for evaluation
+    data = harness.load_exported(args.exported, device, args.channels_last)  # the server's copy, for evaluation
     base_config = {
         "exported": str(args.exported),
         "threads": args.threads,
         "accelerator": args.accelerator,
         "precision": args.precision,
+        "channels-last": args.channels_last,
         "epochs": work.local_epochs,
         "lr": work.lr,
         "optimizer": work.optimizer,

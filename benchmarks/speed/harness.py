@@ -119,11 +119,13 @@ class Exported:
     task: str
     num_classes: int
 
-    def to(self, device: torch.device) -> Exported:
+    def to(self, device: torch.device, channels_last: bool = False) -> Exported:
         self.inputs, self.targets = self.inputs.to(device), self.targets.to(device)
         self.client_train = [ix.to(device) for ix in self.client_train]
         self.held_out_index, self.held_out_group = self.held_out_index.to(device), self.held_out_group.to(device)
         self.net = self.net.to(device)
+        if channels_last:  # what FederatedTrainer(channels_last=True) does to the resident model
+            self.net = self.net.to(memory_format=torch.channels_last)
         return self
 
 
@@ -149,8 +151,8 @@ def export(work: Workload, path: Path) -> None:
     torch.save(exported.__dict__, path)
 
 
-def load_exported(path: str | Path, device: torch.device) -> Exported:
-    return Exported(**torch.load(path, weights_only=False)).to(device)
+def load_exported(path: str | Path, device: torch.device, channels_last: bool = False) -> Exported:
+    return Exported(**torch.load(path, weights_only=False)).to(device, channels_last)
 
 
 # -- randomness, as fedlight derives it ------------------------------------------------------------
@@ -291,7 +293,7 @@ def flat_state(net: torch.nn.Module) -> torch.Tensor:
 # -- the floor -------------------------------------------------------------------------------------------
 def run_floor(args: argparse.Namespace, work: Workload) -> dict[str, Any]:
     device = torch.device(args.accelerator)
-    data = load_exported(args.exported, device)
+    data = load_exported(args.exported, device, args.channels_last)
     net = data.net
     sizes = data.num_samples.astype(np.float64)
     global_state = {k: v.clone() for k, v in net.state_dict().items()}
@@ -376,6 +378,13 @@ def run_fedlight(args: argparse.Namespace, work: Workload) -> dict[str, Any] | N
         def on_fit_end(self, trainer) -> None:
             self.fit_end = time.perf_counter()
 
+        # With --start-method fork the rounds run in forked processes; rank 0's probe comes back through these.
+        def state_dict(self) -> dict[str, Any]:
+            return dict(self.__dict__)
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            self.__dict__.update(state)
+
         def clock(self, stage: str, fn: Callable) -> Callable:
             def timed(*a, **kw):
                 synchronize(device)
@@ -398,7 +407,9 @@ def run_fedlight(args: argparse.Namespace, work: Workload) -> dict[str, Any] | N
         checkpoint_every=CHECKPOINT_EVERY,
         accelerator=args.accelerator,
         devices=args.workers,
+        start_method=args.start_method,
         precision=args.precision,
+        channels_last=args.channels_last,
         default_root_dir=args.workdir,
         name=work.name,
         logger="csv",
@@ -534,6 +545,9 @@ def launch(
         args.accelerator,
         "--precision",
         args.precision,
+        *(["--channels-last"] if args.channels_last else []),
+        "--start-method",
+        args.start_method,
         "--exported",
         str(exported),
         "--workdir",
@@ -672,8 +686,15 @@ def print_report(work: Workload, args: argparse.Namespace, results: dict[str, Su
     print()
     print(f"workload: {work.title}")
     print(f"          {args.rounds} rounds, {work.clients_per_round} clients/round, F = {work.local_epochs}")
-    print(f"machine:  {platform.machine()}, {os.cpu_count()} CPU(s), {args.accelerator}, {args.precision}, {versions}")
-    print(f"          {args.threads} thread(s) per worker, {args.repeats} repeat(s), load average {load[0]:.2f}")
+    layout = ", channels-last" if args.channels_last else ""
+    print(
+        f"machine:  {platform.machine()}, {os.cpu_count()} CPU(s), {args.accelerator}, {args.precision}{layout}, "
+        f"{versions}"
+    )
+    print(
+        f"          {args.threads} thread(s) per worker, {args.repeats} repeat(s), load average {load[0]:.2f}, "
+        f"fedlight's processes started by {args.start_method}"
+    )
     print()
     header = (
         f"{'engine':<12}{'loop s':>9}{'(spread)':>15}{'process s':>11}{'(spread)':>15}{'CPU s':>9}"
@@ -740,6 +761,8 @@ def print_report(work: Workload, args: argparse.Namespace, results: dict[str, Su
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU(s)",
         "accelerator": args.accelerator,
         "precision": args.precision,
+        "channels_last": args.channels_last,
+        "start_method": args.start_method,
         "versions": versions,
         "threads": args.threads,
         "repeats": args.repeats,
@@ -781,6 +804,15 @@ def parse_args(work: Workload, doc: str) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per worker")
     parser.add_argument("--accelerator", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed", "16-mixed"])
+    parser.add_argument(
+        "--channels-last", action="store_true", help="every engine keeps the model's 4-D weights in NHWC layout"
+    )
+    parser.add_argument(
+        "--start-method",
+        default="fork",
+        choices=["fork", "popen"],
+        help="how fedlight starts its second process (--trainer.start_method)",
+    )
     parser.add_argument(
         "--flower-python",
         default=str(REPO / ".venv-flower" / "bin" / "python"),
@@ -828,7 +860,9 @@ def main(work: Workload, script: str, doc: str) -> dict[str, Any] | None:
     args.out.mkdir(parents=True, exist_ok=True)
     reports: dict[str, list[dict[str, Any]]] = {}
     # Every run's report is kept, so that --resume can spread the repeats over several sessions.
-    runs = args.out / f"{work.name}_runs" / f"rounds{args.rounds}_{args.accelerator}_{args.precision}_t{args.threads}"
+    setting = f"rounds{args.rounds}_{args.accelerator}_{args.precision}_t{args.threads}"
+    setting += ("_nhwc" if args.channels_last else "") + ("_popen" if args.start_method == "popen" else "")
+    runs = args.out / f"{work.name}_runs" / setting
     runs.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
