@@ -372,25 +372,11 @@ def test_schedulers_step_per_optimizer_step_and_know_their_fit(tmp_path):
     assert model.rates == pytest.approx([0.5**step for num_steps in steps for step in range(num_steps)])
 
 
-class CountingCallback(RoundCallback):
-    def __init__(self):
-        self.rounds_seen = 0
-
-    def on_round_end(self, trainer, round_idx, metrics):
-        self.rounds_seen += 1
-
-    def state_dict(self):
-        return {"rounds_seen": self.rounds_seen}
-
-    def load_state_dict(self, state):
-        self.rounds_seen = state["rounds_seen"]
-
-
 def test_forked_processes_hand_rank_zeros_results_back(tmp_path):
     one = make_trainer(tmp_path / "one", rounds=3)
     one.fit(make_model(), synthetic_data(), FedAvg())
 
-    counter, model = CountingCallback(), make_model()
+    counter, model = RecordingCallback(), make_model()
     forked = make_trainer(tmp_path / "forked", rounds=3, devices=2, start_method="fork", callbacks=[counter])
     metrics = forked.fit(model, synthetic_data(), FedAvg())
 
