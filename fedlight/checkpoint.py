@@ -105,3 +105,53 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
             continue
         differences.append(f"{key}: {a.get(key)} in the checkpoint, {b.get(key)} now")
     return differences
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The model weights stored in ``path``: a fedlight checkpoint's global model (with its frozen parts), a
+    Lightning checkpoint's ``state_dict``, or a plain ``state_dict``. Loaded with ``weights_only=True``.
+
+    Raises:
+        ConfigError: when the file is not readable or holds no weights.
+    """
+    path = Path(path)
+    try:
+        stored = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
+        raise ConfigError(f"--trainer.init_from {path} is not a readable checkpoint or state_dict ({err}).") from None
+    if isinstance(stored, dict) and stored.get("format") == FORMAT:
+        return {**(stored.get("frozen_state") or {}), **stored["global_state"]}
+    if isinstance(stored, dict) and isinstance(stored.get("state_dict"), dict):
+        return stored["state_dict"]
+    if isinstance(stored, dict) and stored and all(isinstance(v, torch.Tensor) for v in stored.values()):
+        return stored
+    raise ConfigError(
+        f"--trainer.init_from {path} holds no model weights: expected a fedlight or Lightning checkpoint, or a "
+        "dict of tensors (a state_dict)."
+    )
+
+
+def load_weights(module: torch.nn.Module, path: str | Path) -> None:
+    """Loads :func:`read_weights` into ``module``; every key must match in name and shape.
+
+    Raises:
+        ConfigError: listing the missing, unexpected and mis-shaped keys.
+    """
+    weights = read_weights(path)
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    mis_shaped = sorted(
+        f"{name} {tuple(weights[name].shape)} in the file, {tuple(expected[name].shape)} in the model"
+        for name in set(weights) & set(expected)
+        if weights[name].shape != expected[name].shape
+    )
+    if missing or unexpected or mis_shaped:
+        lines = [f"--trainer.init_from {path} does not fit --model:"]
+        for title, names in (("missing", missing), ("unexpected", unexpected), ("of another shape", mis_shaped)):
+            if names:
+                shown = ", ".join(names[:12]) + (f", … ({len(names)} in all)" if len(names) > 12 else "")
+                lines.append(f"  - keys {title}: {shown}")
+        lines.append("Start from a checkpoint of the same model (the run's config.yaml names it).")
+        raise ConfigError(*lines)
+    module.load_state_dict(weights, strict=True)

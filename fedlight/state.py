@@ -1,13 +1,26 @@
-"""A model's state as one flat fp32 vector: what the server holds, aggregates and all-reduces.
+"""A model's federated state as one flat fp32 vector: what the server holds, aggregates and all-reduces.
 
-Floating-point entries of ``state_dict()`` (parameters and buffers such as BatchNorm running
-statistics, which every official repository averages like parameters) are laid end to end in one
-vector. Integer buffers (``num_batches_tracked``) are not averaged: they are kept aside and the
-largest value among the clients is copied (spec §0).
+Only what is federated is laid out: the floating-point entries of ``state_dict()`` (parameters and
+buffers such as BatchNorm running statistics, which every official repository averages like parameters)
+that are not frozen. Integer buffers (``num_batches_tracked``) are kept aside and the largest value among
+the clients is copied rather than averaged.
+
+Frozen entries never enter a round: a pretrained backbone that no client trains (a DINO ViT) would
+otherwise be summed in fp64, all-reduced and reloaded for every client in every round. An entry is frozen
+when
+
+- it is a parameter with ``requires_grad=False``;
+- it lies under a submodule the client names in ``frozen_modules`` (parameters and buffers alike);
+- it is a buffer of a module whose own parameters are all frozen (the running statistics of a BatchNorm
+  whose affine weights are frozen follow their module's choice).
+
+Frozen modules run in eval mode during local training (:func:`freeze_modes`), so their buffers stay
+exactly as loaded; the engine loads them once and checkpoints them once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -22,20 +35,83 @@ class _Entry:
     numel: int
 
 
+def frozen_module_names(module: nn.Module, frozen_modules: Iterable[str] = ()) -> list[str]:
+    """Qualified names of the submodules that local training leaves unchanged.
+
+    Those named in ``frozen_modules`` (with everything under them) and those whose own parameters exist and
+    are all frozen.
+
+    >>> net = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    >>> _ = net[1].requires_grad_(False)
+    >>> frozen_module_names(net)
+    ['1']
+    """
+    prefixes = tuple(f"{name}." for name in frozen_modules)
+    names = []
+    for name, sub in module.named_modules():
+        own = list(sub.parameters(recurse=False))
+        named = name in frozen_modules or name.startswith(prefixes)
+        if named or (own and not any(p.requires_grad for p in own)):
+            names.append(name)
+    return names
+
+
+def frozen_state_names(module: nn.Module, frozen_modules: Iterable[str] = ()) -> set[str]:
+    """Names of the ``state_dict`` entries that are not federated (see the module docstring).
+
+    >>> net = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    >>> _ = net[0].requires_grad_(False)
+    >>> sorted(frozen_state_names(net))
+    ['0.bias', '0.weight']
+    >>> sorted(frozen_state_names(net, frozen_modules=["1"]))  # doctest: +NORMALIZE_WHITESPACE
+    ['0.bias', '0.weight', '1.bias', '1.num_batches_tracked', '1.running_mean', '1.running_var', '1.weight']
+    """
+    frozen_modules = tuple(frozen_modules)
+    unknown = [name for name in frozen_modules if name not in dict(module.named_modules())]
+    assert not unknown, f"frozen_modules names {unknown}, which are not submodules of {type(module).__name__}"
+    names = {name for name, p in module.named_parameters() if not p.requires_grad}
+    for prefix in frozen_module_names(module, frozen_modules):
+        sub = module.get_submodule(prefix) if prefix else module
+        dotted = f"{prefix}." if prefix else ""
+        names.update(f"{dotted}{key}" for key in sub.state_dict(keep_vars=True))
+    return names
+
+
+def freeze_parameters(module: nn.Module, frozen_modules: Iterable[str]) -> None:
+    """Turns off gradients of the submodules named in ``frozen_modules``, so no optimizer moves them."""
+    for name in frozen_modules:
+        module.get_submodule(name).requires_grad_(False)
+
+
+def freeze_modes(module: nn.Module, frozen_modules: Iterable[str] = ()) -> None:
+    """Puts the frozen submodules in eval mode (after ``module.train()``): their buffers must not move."""
+    for name in frozen_module_names(module, frozen_modules):
+        (module.get_submodule(name) if name else module).eval()
+
+
 class FlatState:
-    """The layout of a module's floating-point state inside one flat vector.
+    """The layout of a module's federated floating-point state inside one flat vector.
+
+    Args:
+        module: the client module.
+        frozen_modules: submodules that are not federated (see :func:`frozen_state_names`).
 
     >>> layout = FlatState(nn.Linear(3, 2))
     >>> layout.numel, layout.names
     (8, ['weight', 'bias'])
     """
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, frozen_modules: Iterable[str] = ()) -> None:
+        self.frozen_modules = tuple(frozen_modules)
+        frozen = frozen_state_names(module, self.frozen_modules)
         self.entries: list[_Entry] = []
         self.integer_names: list[str] = []
+        self.frozen_names: list[str] = []
         offset = 0
         for name, tensor in module.state_dict().items():
-            if tensor.is_floating_point():
+            if name in frozen:
+                self.frozen_names.append(name)
+            elif tensor.is_floating_point():
                 self.entries.append(_Entry(name, tensor.shape, offset, tensor.numel()))
                 offset += tensor.numel()
             else:
@@ -47,16 +123,21 @@ class FlatState:
         return [entry.name for entry in self.entries]
 
     def flatten(self, module: nn.Module) -> torch.Tensor:
-        """Returns the module's floating-point state as a new ``[P]`` fp32 CPU-or-device vector."""
+        """Returns the module's federated floating-point state as a new ``[P]`` fp32 vector on its device."""
         state = module.state_dict()
         return torch.cat([state[e.name].detach().reshape(-1).float() for e in self.entries])
 
     def integers(self, module: nn.Module) -> dict[str, torch.Tensor]:
-        """Returns copies of the integer buffers."""
+        """Returns copies of the federated integer buffers."""
         if not self.integer_names:  # most models: skip the state_dict walk, done for every client
             return {}
         state = module.state_dict()
         return {name: state[name].detach().clone() for name in self.integer_names}
+
+    def frozen_state(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        """Copies (CPU) of the frozen entries: checkpointed once, never aggregated."""
+        state = module.state_dict()
+        return {name: state[name].detach().cpu().clone() for name in self.frozen_names}
 
     def load(self, module: nn.Module, flat: torch.Tensor, integers: dict[str, torch.Tensor] | None = None) -> None:
         """Copies ``flat`` (and the integer buffers) into the module in place, casting to its dtypes."""
@@ -69,7 +150,7 @@ class FlatState:
                 state[name].copy_(value)
 
     def to_state_dict(self, flat: torch.Tensor, integers: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Returns an ordinary ``state_dict`` (fp32 CPU tensors) built from the flat vector."""
+        """Returns an ordinary ``state_dict`` (fp32 CPU tensors) of the federated entries."""
         out = {e.name: flat[e.offset : e.offset + e.numel].view(e.shape).detach().cpu().clone() for e in self.entries}
         out.update({name: value.detach().cpu().clone() for name, value in integers.items()})
         return out
@@ -78,6 +159,15 @@ class FlatState:
         """Inverse of :meth:`to_state_dict`."""
         flat = torch.cat([state[e.name].reshape(-1).float() for e in self.entries])
         return flat, {name: state[name].clone() for name in self.integer_names}
+
+    def mask(self, names: Iterable[str]) -> torch.Tensor:
+        """Returns ``[P]`` bool: true on the entries named in ``names``.
+
+        >>> FlatState(nn.Linear(2, 1)).mask(["bias"]).tolist()
+        [False, False, True]
+        """
+        names = set(names)
+        return torch.cat([torch.full((e.numel,), e.name in names) for e in self.entries])
 
     def parameter_mask(self, module: nn.Module) -> torch.Tensor:
         """Returns ``[P]`` bool: true where the flat state holds a parameter, false for floating-point buffers.
@@ -89,8 +179,7 @@ class FlatState:
         >>> FlatState(norm).parameter_mask(norm).tolist()
         [True, True, True, True, False, False, False, False]
         """
-        parameters = {name for name, _ in module.named_parameters()}
-        return torch.cat([torch.full((e.numel,), e.name in parameters) for e in self.entries])
+        return self.mask(name for name, _ in module.named_parameters())
 
     def signature(self) -> list[tuple[str, tuple[int, ...]]]:
         """Names and shapes, to check that a checkpoint belongs to the same model."""

@@ -7,6 +7,9 @@ client, so the aggregate of any weighting rule can be computed by hand.
 
 from __future__ import annotations
 
+import os
+import signal
+
 import numpy as np
 import torch
 from torchmetrics import MeanMetric, Metric
@@ -112,3 +115,14 @@ class KillAfterRound(RoundCallback):
     def on_round_end(self, trainer, round_idx: int, metrics: dict) -> None:
         if round_idx == self.round_idx:
             raise Kill
+
+
+class SigkillAtRound(RoundCallback):
+    """Kills its own process with SIGKILL when round ``round_idx`` starts, as an out-of-memory killer would."""
+
+    def __init__(self, round_idx: int) -> None:
+        self.round_idx = round_idx
+
+    def on_round_start(self, trainer, round_idx: int) -> None:
+        if round_idx == self.round_idx:
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -4,7 +4,8 @@ One round, as :meth:`FederatedTrainer._run_round` reads top to bottom::
 
     plan       sample K^t (strategy), mark the δ-fraction of stragglers, drop or keep them
     local fit  on each rank, its share of the clients, one after another, on one resident module
-    aggregate  weighted sum of the states as they finish → one all-reduce → strategy's server update
+    aggregate  weighted sums of the states as they finish (per cluster for clustered rules) → one all-reduce
+               → the strategy's server update
     evaluate   every ``eval_every`` rounds: the clients' held-out splits and the global test set
     log        metrics.csv and W&B, the round as the step
     checkpoint every ``checkpoint_every`` rounds and at the end, atomically
@@ -13,6 +14,9 @@ Randomness is derived, never carried: the round's sampling draws from a generato
 ``(seed, round)`` and each client's shuffling and dropout from ``(seed, round, client)``. Results
 therefore do not depend on the order in which clients run or on how many processes run them, and a
 resumed run needs only the round number to continue exactly where it stopped.
+
+Strategies and round callbacks see the run through a :class:`~fedlight.context.RunContext`, passed as their
+hooks' first argument.
 """
 
 from __future__ import annotations
@@ -37,13 +41,15 @@ from torchmetrics import Metric
 from tqdm.auto import tqdm
 
 from fedlight import checkpoint as ckpt_io
+from fedlight.bank import ModelBank, RoundSums, cluster_entry_names
 from fedlight.callbacks.base import RoundCallback
 from fedlight.clients.base import FederatedClient, LocalFit
+from fedlight.context import RunContext
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.distributed import ClientParallelStrategy, assign_clients
 from fedlight.errors import ConfigError
 from fedlight.loggers import RoundCSV, format_postfix, histogram_metrics, scalar_metrics, wandb_logger
-from fedlight.state import FlatState
+from fedlight.state import FlatState, freeze_modes, freeze_parameters
 from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
 from fedlight.strategies.functional import straggler_plan
 
@@ -98,6 +104,11 @@ class FederatedTrainer:
             between rounds, each with its own cadence; what they add to a round's metrics is logged.
         seed: the run's seed, from which every random stream is derived. By default the seed that
             ``lightning.seed_everything`` set (the command line's ``seed_everything``), else 0.
+        init_from: start the run from another run's weights instead of the model's own initialisation: a
+            fedlight checkpoint (``<run_dir>/checkpoints/last.ckpt``, e.g. of a centralized source
+            pre-training run), a Lightning checkpoint, or a file holding a plain ``state_dict``. Weights only;
+            every key of the model must be found and no other key may be present. Ignored when resuming
+            (``--ckpt_path`` has its own weights).
     """
 
     def __init__(
@@ -123,6 +134,7 @@ class FederatedTrainer:
         enable_progress_bar: bool = True,
         callbacks: list[RoundCallback] | None = None,
         seed: int | None = None,
+        init_from: str | Path | None = None,
     ) -> None:
         problems = []
         for flag, value in [
@@ -153,8 +165,14 @@ class FederatedTrainer:
                 "--trainer.start_method=fork starts the processes of one machine; with "
                 f"--trainer.num_nodes={num_nodes}, torchrun or SLURM starts them. Use --trainer.start_method=popen."
             )
+        if init_from is not None and not Path(init_from).is_file():
+            problems.append(
+                f"--trainer.init_from {init_from} does not exist. Pass a checkpoint of an earlier run "
+                "(<run_dir>/checkpoints/last.ckpt) or a file holding a state_dict."
+            )
         if problems:
             raise ConfigError(*problems)
+        self.init_from = None if init_from is None else Path(init_from)
         self.rounds = rounds
         self.clients_per_round = clients_per_round
         self.local_epochs = local_epochs
@@ -185,7 +203,22 @@ class FederatedTrainer:
         self.history: list[dict[str, float]] = []
         self.round = 0
         self.round_plans: list[ClientPlan] = []
+        self.bank: ModelBank | None = None
+        self._pending_bank: dict[str, torch.Tensor] | None = None  # a checkpoint's clusters, until the bank has them
+        self._frozen_state: dict[str, torch.Tensor] = {}
+        #: bytes of the last round's aggregation buffers: W^t (fp32) and the streamed sums (fp64)
+        self.aggregation_nbytes = 0
+        self.context = RunContext(self)
         self._forked = False  # true inside the processes that start_method=fork created
+
+    @property
+    def global_state(self) -> torch.Tensor:
+        """W^t, the ``[P]`` fp32 federated state of the global model (the bank's global member)."""
+        return self.bank.global_state
+
+    @global_state.setter
+    def global_state(self, value: torch.Tensor) -> None:
+        self.bank.global_state = value
 
     # -- public entry points ----------------------------------------------------------------------
     def fit(
@@ -212,9 +245,10 @@ class FederatedTrainer:
 
     def _fit(self, model, datamodule, strategy, ckpt_path, config) -> dict[str, float]:
         self._setup(model, datamodule, strategy, ckpt_path, config)
-        fabric = self.fabric
-        fabric.call("on_fit_start", trainer=self)
-        self.strategy.on_fit_start(self)
+        fabric, context = self.fabric, self.context
+        fabric.call("on_fit_start", context)
+        self.strategy.on_fit_start(context)
+        self._setup_clusters()
         bar = tqdm(
             total=self.rounds,
             initial=self.round,
@@ -226,13 +260,13 @@ class FederatedTrainer:
         metrics: dict[str, float] = self.history[-1] if self.history else {}
         for round_idx in range(self.round, self.rounds):
             started = time.perf_counter()
-            fabric.call("on_round_start", trainer=self, round_idx=round_idx)
+            fabric.call("on_round_start", context, round_idx)
             metrics = {"round": float(round_idx), **self._run_round(round_idx)}
             last = round_idx == self.rounds - 1
             if (round_idx + 1) % self.eval_every == 0 or last:
                 metrics.update(self._evaluate(clients=True, test=True))
             self.round = round_idx + 1
-            fabric.call("on_round_end", trainer=self, round_idx=round_idx, metrics=metrics)
+            fabric.call("on_round_end", context, round_idx, metrics)
             metrics["round/time_s"] = time.perf_counter() - started
             metrics = self._log(metrics)
             if self.round % self.checkpoint_every == 0 or last:
@@ -240,7 +274,7 @@ class FederatedTrainer:
             bar.set_postfix(format_postfix(metrics, {"test_acc": "test/acc", "train_loss": "train/loss"}))
             bar.update(1)
         bar.close()
-        fabric.call("on_fit_end", trainer=self)
+        fabric.call("on_fit_end", context)
         self._finish_loggers()
         return metrics
 
@@ -268,6 +302,7 @@ class FederatedTrainer:
 
     def _evaluate_only(self, model, datamodule, strategy, ckpt_path, config, clients: bool) -> dict[str, float]:
         self._setup(model, datamodule, strategy, ckpt_path, config, logging=False)
+        self._setup_clusters()
         return self._report(self._evaluate(clients=clients, test=not clients))
 
     # -- processes -----------------------------------------------------------------------------------
@@ -298,7 +333,9 @@ class FederatedTrainer:
         state = outcome["state"]
         self.datamodule, self.strategy, self.module, self.config = datamodule, strategy, model, state["config"]
         self.precision = self.fabric.strategy.precision
-        self.layout = FlatState(model)
+        self.layout = FlatState(model, getattr(model, "frozen_modules", ()))
+        self.bank = ModelBank(self.layout.flatten(model))
+        self._frozen_state = {}
         self._evaluation_metrics = {}
         self._load_run_state(state)
         self.layout.load(model, self.global_state, self.global_integers)
@@ -331,14 +368,19 @@ class FederatedTrainer:
         self.precision = fabric.strategy.precision
         if ckpt_path is None:  # weights from outside the run (an ImageNet encoder); a checkpoint has its own
             model.configure_model()
+            if self.init_from is not None:
+                ckpt_io.load_weights(model, self.init_from)
+        freeze_parameters(model, model.frozen_modules)
         self.module = self.precision.convert_module(model).to(fabric.device)
         if self.channels_last:  # the flat state reads and writes parameters in logical order, whatever their layout
             self.module.to(memory_format=torch.channels_last)
-        self.layout = FlatState(self.module)
-        self._evaluation_metrics: dict[int, Metric] = {}
+        self.layout = FlatState(self.module, model.frozen_modules)
+        self._evaluation_metrics: dict[tuple[int, bool], Metric] = {}
         # W^t: fp32 whatever the compute precision, on the training device.
-        self.global_state = self.layout.flatten(self.module).to(fabric.device)
+        self.bank = ModelBank(self.layout.flatten(self.module).to(fabric.device))
         self.global_integers = self.layout.integers(self.module)
+        self._frozen_state = self.layout.frozen_state(self.module)
+        self._pending_bank = None
         # A W&B sweep agent names the run it launched; otherwise the run gets a fresh id.
         self.wandb_id = os.environ.get("WANDB_RUN_ID") or uuid.uuid4().hex[:8]
         self.round, self.history = 0, []
@@ -351,6 +393,28 @@ class FederatedTrainer:
         self.wandb_id = fabric.broadcast(self.wandb_id)
         if logging:
             self._setup_loggers()
+
+    def _setup_clusters(self) -> None:
+        """Gives the bank its clusters once the strategy knows them (after its ``on_fit_start``)."""
+        strategy = self.strategy
+        num_clusters = strategy.num_clusters()
+        if num_clusters == 0 or self.bank.num_clusters == num_clusters:
+            return  # no clusters, or restored from the checkpoint
+        problems = []
+        if strategy.weight_channels != 1 or strategy.gather_states:
+            problems.append(
+                f"{type(strategy).__name__} keeps cluster-specific layers, which the engine aggregates for rules "
+                "with one weight per client and no gathered states."
+            )
+        if strategy.cluster_layers is None:
+            problems.append(f"{type(strategy).__name__} has {num_clusters} clusters but names no cluster_layers.")
+        if problems:
+            raise ConfigError(*problems)
+        names = cluster_entry_names(self.module, self.layout, strategy.cluster_layers)
+        self.bank = ModelBank(self.global_state, self.layout.mask(names), num_clusters)
+        if self._pending_bank is not None:
+            self.bank.load_state_dict(self._pending_bank)
+        log.info("%d clusters keep their own %d of %d entries", num_clusters, len(names), len(self.layout.entries))
 
     def _new_run_dir(self) -> Path | None:
         if self.fabric.global_rank != 0:
@@ -380,28 +444,50 @@ class FederatedTrainer:
 
     # -- one round -----------------------------------------------------------------------------------
     def _run_round(self, round_idx: int) -> dict[str, float]:
-        fabric, strategy, data = self.fabric, self.strategy, self.datamodule
+        """Plan → local fit → aggregate; returns the round's training metrics."""
+        plans = self._plan(round_idx)
+        self.round_plans = plans  # for hooks that look at the round's clients (e.g. MMD over K^t)
+        self.strategy.on_round_start(self.context, round_idx, plans)
+        updates, sums, states, integers = self._local_fits(round_idx, plans)
+        aggregated = [u for u in updates if u.finite]
+        if not aggregated:
+            warnings.warn(
+                f"No client state was aggregated in round {round_idx}; the global model stays as it was.",
+                stacklevel=1,
+            )
+        elif self.strategy.gather_states:
+            stacked = torch.stack([states[u.client] for u in aggregated]).to(self.fabric.device)  # [K, P]
+            self.global_state = self.strategy.aggregate_states(self.global_state, stacked, aggregated)
+        else:
+            self.global_state = self._aggregate(sums, aggregated)
+        self.global_integers.update(integers)
+        assert _all_finite(self.global_state), f"the global model became non-finite in round {round_idx}"
+        return self._round_metrics(round_idx, plans, updates, aggregated)
+
+    def _plan(self, round_idx: int) -> list[ClientPlan]:
+        """K^t from the strategy and the δ-fraction of stragglers, all drawn from the round's stream."""
         rng = self.round_rng(round_idx)
-        clients = strategy.sample_clients(data.num_samples, self.clients_per_round, rng)
+        clients = self.strategy.sample_clients(self.datamodule.num_samples, self.clients_per_round, rng)
         stragglers, epochs = straggler_plan(len(clients), self.straggler_fraction, self.local_epochs, rng)
-        plans = [
-            ClientPlan(int(c), int(e), bool(s), dropped=bool(s) and not strategy.tolerate_stragglers)
+        return [
+            ClientPlan(int(c), int(e), bool(s), dropped=bool(s) and not self.strategy.tolerate_stragglers)
             for c, e, s in zip(clients, epochs, stragglers, strict=True)
         ]
-        self.round_plans = plans  # for callbacks that look at the round's clients (e.g. MMD over K^t)
-        strategy.on_round_start(self, round_idx, plans)
 
+    def _local_fits(self, round_idx: int, plans: list[ClientPlan]):
+        """Trains this process's share of the round's clients and streams their states into the sums.
+
+        Returns every process's updates (sorted by client), the all-reduced sums, the states of rules that
+        gather them, and the largest value of each integer buffer among the clients.
+        """
+        fabric, strategy, data, bank = self.fabric, self.strategy, self.datamodule, self.bank
         training = [p for p in plans if not p.dropped]
         costs = [float(data.num_samples[p.client] * p.epochs) for p in training]
         mine = [training[i] for i in assign_clients(costs, fabric.world_size)[fabric.global_rank]]
-
-        channels = strategy.weight_channels
-        # Summed in fp64: products of fp32 states and sample counts are exact there, so the sum does not
-        # depend on the order of clients or their spread over ranks. In fp32 it would, by an ulp, and
-        # small-batch SGD amplifies an ulp of W^t into visibly different models within a few rounds.
-        accumulate = torch.float32 if fabric.device.type == "mps" else torch.float64  # MPS has no fp64
-        weighted_sum = torch.zeros(channels, self.layout.numel, dtype=accumulate, device=fabric.device)  # [m, P]
-        weight_total = torch.zeros(channels, dtype=accumulate, device=fabric.device)  # Σ_k w_kj, [m]
+        sums = RoundSums(
+            self.layout.numel, strategy.weight_channels, fabric.device, bank.index, bank.num_clusters
+        )
+        self.aggregation_nbytes = self.global_state.nbytes + sums.nbytes
         integers: dict[str, torch.Tensor] = {}  # the largest value of each integer buffer among clients
         states: dict[int, torch.Tensor] = {}  # only for rules that need every state
         updates = []
@@ -420,38 +506,28 @@ class FederatedTrainer:
                 states[update.client] = state.cpu()
                 continue
             update.weights = tuple(float(w) for w in strategy.client_weights(update))
-            weights = torch.tensor(update.weights, dtype=accumulate, device=fabric.device)
-            weighted_sum.addmm_(weights[:, None], state[None, :].to(accumulate))  # Σ_k w_kj θ_k
-            weight_total += weights
+            sums.add(state, update.weights, self._cluster_of(update.client))
 
         if fabric.world_size > 1:
-            packed = fabric.all_reduce(torch.cat([weighted_sum.reshape(-1), weight_total]), reduce_op="sum")
-            weighted_sum = packed[: weighted_sum.numel()].view_as(weighted_sum)
-            weight_total = packed[weighted_sum.numel() :]
-            updates = [u for rank_updates in self._all_gather_objects(updates) for u in rank_updates]
-            for rank_integers in self._all_gather_objects(integers):
+            sums.all_reduce(lambda packed: fabric.all_reduce(packed, reduce_op="sum"))
+            updates = [u for rank_updates in self.all_gather_objects(updates) for u in rank_updates]
+            for rank_integers in self.all_gather_objects(integers):
                 _merge_max(integers, rank_integers)
             if strategy.gather_states:
-                states = {c: s for rank_states in self._all_gather_objects(states) for c, s in rank_states.items()}
+                states = {c: s for rank_states in self.all_gather_objects(states) for c, s in rank_states.items()}
         updates.sort(key=lambda u: u.client)
-        aggregated = [u for u in updates if u.finite]
+        return updates, sums, states, integers
 
-        if not aggregated:
-            warnings.warn(
-                f"No client state was aggregated in round {round_idx}; the global model stays as it was.",
-                stacklevel=1,
-            )
-        elif strategy.gather_states:
-            stacked = torch.stack([states[u.client] for u in aggregated]).to(fabric.device)  # [K, P]
-            self.global_state = strategy.aggregate_states(self.global_state, stacked, aggregated)
-        else:
-            assert bool((weight_total > 0).all()), f"aggregation weights sum to {weight_total.tolist()}"
-            coefficients = torch.tensor(strategy.channel_coefficients(), dtype=accumulate, device=fabric.device)
-            aggregate = ((coefficients / weight_total) @ weighted_sum).float()  # Σ_j c_j S_j / Z_j, [P]
-            self.global_state = strategy.server_update(self.global_state, aggregate, aggregated)
-        self.global_integers.update(integers)
-        assert _all_finite(self.global_state), f"the global model became non-finite in round {round_idx}"
+    def _aggregate(self, sums: RoundSums, aggregated: list[ClientUpdate]) -> torch.Tensor:
+        """W^{t+1}: the rule's weighted average, cluster entries per cluster, then the server update."""
+        aggregate = sums.average(self.strategy.channel_coefficients())  # Σ_j c_j S_j / Z_j, [P]
+        aggregate = self.bank.absorb(aggregate, sums.cluster_averages(), self.strategy.reset_unsampled_clusters)
+        return self.strategy.server_update(self.global_state, aggregate, aggregated)
 
+    def _cluster_of(self, client: int) -> int | None:
+        return self.strategy.client_cluster(client) if self.bank.num_clusters else None
+
+    def _round_metrics(self, round_idx, plans, updates, aggregated) -> dict[str, float]:
         metrics = {
             "round/clients_sampled": float(len(plans)),
             "round/clients_aggregated": float(len(aggregated)),
@@ -462,47 +538,84 @@ class FederatedTrainer:
             sizes = np.array([u.num_samples for u in aggregated], dtype=np.float64)
             losses = np.array([u.train_loss for u in aggregated])
             metrics["train/loss"] = float((sizes * losses).sum() / sizes.sum())
-        metrics.update(strategy.on_round_end(self, round_idx, aggregated))
+        metrics.update(self.strategy.on_round_end(self.context, round_idx, aggregated))
         return metrics
 
     def _fit_client(self, round_idx: int, plan: ClientPlan) -> tuple[ClientUpdate, torch.Tensor]:
         """Local training of one client on the resident module; returns its update and flat state."""
-        module, precision, strategy = self.module, self.precision, self.strategy
+        module, strategy, context = self.module, self.strategy, self.context
         seed = self.client_seed(round_idx, plan.client)
         _seed_torch(seed, self.fabric.device)  # dropout and any other draw inside the step
         generator = torch.Generator().manual_seed(seed)  # batch order
 
-        self.layout.load(module, strategy.initial_state(self, plan, self.global_state), self.global_integers)
-        module.train()
+        start = self.bank.member(self._cluster_of(plan.client))
+        self.layout.load(module, strategy.initial_state(context, plan, start), self.global_integers)
+        self._train_mode(module)
         num_steps = self.local_steps or plan.epochs * self.datamodule.num_batches(plan.client)
         module.local_fit = LocalFit(round_idx=round_idx, rounds=self.rounds, num_steps=num_steps)
-        optimizer, scheduler = _optimizer_and_scheduler(module.configure_optimizers())
-        strategy.on_client_fit_start(self, module, plan)
-        loss_sum = torch.zeros((), device=self.fabric.device)
-        steps = 0
-        for batch in self._local_batches(plan, generator):
-            batch = precision.convert_input(batch)
-            with precision.forward_context():
-                outputs = module.training_step(batch, steps)
-                loss = strategy.training_loss(module, batch, outputs)
-            optimizer.zero_grad(set_to_none=True)
-            self.fabric.strategy.backward(loss, module)
-            precision.optimizer_step(optimizer)
-            if scheduler is not None:
-                scheduler.step()  # Lightning's interval="step": once per optimizer step
-            loss_sum += outputs["loss"].detach().float()  # the task loss, without strategy terms
-            steps += 1
-        update = ClientUpdate(
-            client=plan.client,
-            num_samples=int(self.datamodule.num_samples[plan.client]),
-            epochs=plan.epochs,
-            num_steps=steps,
-            train_loss=loss_sum.item() / max(steps, 1),
-        )
-        strategy.on_client_fit_end(self, module, update)
+        optimizers, schedulers = _optimizers_and_schedulers(module.configure_optimizers())
+        module.teachers = dict(strategy.client_teachers(context, plan))
+        try:
+            strategy.on_client_fit_start(context, module, plan)
+            loss_sum, steps = self._train_steps(
+                module, optimizers, schedulers, self._local_batches(plan, generator), strategy.training_loss
+            )
+            update = ClientUpdate(
+                client=plan.client,
+                num_samples=int(self.datamodule.num_samples[plan.client]),
+                epochs=plan.epochs,
+                num_steps=steps,
+                train_loss=loss_sum.item() / max(steps, 1),
+            )
+            strategy.on_client_fit_end(context, module, update)
+        finally:
+            module.teachers = {}
         state = self.layout.flatten(module)
         update.finite = math.isfinite(update.train_loss) and _all_finite(state)
         return update, state
+
+    def _train_mode(self, module: FederatedClient) -> None:
+        module.train()
+        freeze_modes(module, self.layout.frozen_modules)  # frozen parts keep their loaded buffers
+
+    def _train_steps(self, module, optimizers, schedulers, batches, loss_fn) -> tuple[torch.Tensor, int]:
+        """The local training loop: every optimizer steps once per batch. Returns the task-loss sum and steps."""
+        precision = self.precision
+        loss_sum = torch.zeros((), device=self.fabric.device)
+        steps = 0
+        for batch in batches:
+            batch = precision.convert_input(batch)
+            with precision.forward_context():
+                outputs = module.training_step(batch, steps)
+                loss = loss_fn(module, batch, outputs)
+            for optimizer in optimizers:
+                optimizer.zero_grad(set_to_none=True)
+            self.fabric.strategy.backward(loss, module)
+            for optimizer in optimizers:
+                precision.optimizer_step(optimizer)
+            for scheduler in schedulers:
+                scheduler.step()  # Lightning's interval="step": once per optimizer step
+            loss_sum += outputs["loss"].detach().float()  # the task loss, without strategy terms
+            steps += 1
+        return loss_sum, steps
+
+    def local_train(self, module: FederatedClient, client: int, epochs: int, seed: int, full_batches: bool) -> int:
+        """A client's local training outside the rounds (see :meth:`RunContext.local_train`)."""
+        _seed_torch(seed, self.fabric.device)
+        generator = torch.Generator().manual_seed(seed)
+        self._train_mode(module)
+        data = self.datamodule
+        full = min(data.batch_size, int(data.num_samples[client]))
+
+        def batches():
+            for _ in range(epochs):
+                for batch in data.train_batches(client, generator):
+                    if not full_batches or len(batch[1]) == full:
+                        yield batch
+
+        optimizers, schedulers = _optimizers_and_schedulers(module.configure_optimizers())
+        _, steps = self._train_steps(module, optimizers, schedulers, batches(), lambda m, b, out: out["loss"])
+        return steps
 
     def _local_batches(self, plan: ClientPlan, generator: torch.Generator) -> Iterator[Any]:
         """A client's batches of one round: ``plan.epochs`` epochs, or ``local_steps`` full batches.
@@ -549,33 +662,60 @@ class FederatedTrainer:
         if clients and not shared_pass and len(data.held_out_index) == 0:
             clients = False  # --data.test_fraction=0: the clients keep every sample, only the test set is evaluated
         if clients or (test and shared_pass):
-            result = self._evaluation_pass(data.held_out_batches(), data.num_eval_groups)
+            result = self._evaluation_pass(data.held_out_batches(), data.num_eval_groups, "clients")
             if clients:
                 metrics.update({f"clients/{k}": v for k, v in result.items()})
             if test and shared_pass:
-                metrics.update({f"test/{k}": v for k, v in result.items() if k in self.module.test_metrics})
+                metrics.update({f"test/{k}": v for k, v in result.items() if self._is_test_metric(k)})
         if test and not shared_pass:
-            result = self._evaluation_pass(data.test_batches(), 1)
-            metrics.update({f"test/{k}": v for k, v in result.items() if k in self.module.test_metrics})
+            result = self._evaluation_pass(data.test_batches(), 1, "test")
+            metrics.update({f"test/{k}": v for k, v in result.items() if self._is_test_metric(k)})
         return metrics
 
-    def _evaluation_metric(self, num_groups: int) -> Metric:
+    def _is_test_metric(self, key: str) -> bool:
+        return key.removeprefix("routed/") in self.module.test_metrics
+
+    def _evaluation_metric(self, num_groups: int, routed: bool = False) -> Metric:
         """The module's evaluation metric over ``num_groups`` groups, reset; built once and reused every round."""
         metrics = self._evaluation_metrics
-        if num_groups not in metrics:  # building a torchmetrics Metric costs more than a small model's pass
-            metrics[num_groups] = self.module.evaluation_metric(num_groups).to(self.fabric.device)
-        metrics[num_groups].reset()
-        return metrics[num_groups]
+        key = (num_groups, routed)
+        if key not in metrics:  # building a torchmetrics Metric costs more than a small model's pass
+            metrics[key] = self.module.evaluation_metric(num_groups).to(self.fabric.device)
+        metrics[key].reset()
+        return metrics[key]
 
-    def _evaluation_pass(self, batches, num_groups: int) -> dict[str, float]:
-        fabric, module, precision = self.fabric, self.module, self.precision
+    def _evaluation_pass(self, batches, num_groups: int, split: Literal["clients", "test"]) -> dict[str, float]:
+        """The global model's metrics over this process's share of ``batches``, summed over processes.
+
+        For a clustered rule that routes ``split``, also ``routed/<metric>``: every sample is evaluated by the
+        bank member the strategy routes it to (LADD: the cluster nearest to the image's own style), one pass of
+        each member over the samples routed to it, into one metric.
+        """
+        fabric, module, precision, strategy = self.fabric, self.module, self.precision, self.strategy
         metric = self._evaluation_metric(num_groups)
+        routed = self.bank.num_clusters > 0 and split in strategy.routed_splits
+        mine = []  # (batch index, batch, [B] bank member of each sample)
         for batch_idx, batch in enumerate(batches):
             if batch_idx % fabric.world_size != fabric.global_rank:
                 continue
             with precision.forward_context():
                 metric.update(**module.validation_step(precision.convert_input(batch), batch_idx))
-        return scalar_metrics(metric.compute())
+            if routed:
+                mine.append((batch_idx, batch, strategy.route(self.context, batch, split)))
+        result = scalar_metrics(metric.compute())
+        if routed:
+            routed_metric = self._evaluation_metric(num_groups, routed=True)
+            for cluster in range(self.bank.num_clusters):
+                self.layout.load(module, self.bank.member(cluster), self.global_integers)
+                for batch_idx, batch, route in mine:
+                    chosen = route == cluster
+                    if bool(chosen.any()):
+                        part = precision.convert_input(tuple(t[chosen] for t in batch))
+                        with precision.forward_context():
+                            routed_metric.update(**module.validation_step(part, batch_idx))
+            self.layout.load(module, self.global_state, self.global_integers)
+            result.update({f"routed/{k}": v for k, v in scalar_metrics(routed_metric.compute()).items()})
+        return result
 
     # -- randomness ----------------------------------------------------------------------------------
     def round_rng(self, round_idx: int) -> np.random.Generator:
@@ -604,6 +744,8 @@ class FederatedTrainer:
             "round": self.round,
             "seed": self.seed,
             "global_state": self.layout.to_state_dict(self.global_state, self.global_integers),
+            "frozen_state": self._frozen_state,  # once: the same in every round
+            "bank": self.bank.state_dict() if self.bank.num_clusters else None,
             "strategy": {"class": type(self.strategy).__qualname__, "state": self.strategy.state_dict()},
             "callbacks": [callback.state_dict() for callback in self.callbacks],
             "torch_rng": torch.get_rng_state(),
@@ -616,8 +758,9 @@ class FederatedTrainer:
     def _restore(self, state: dict[str, Any]) -> None:
         problems = []
         saved_layout = [(name, tuple(t.shape)) for name, t in state["global_state"].items() if t.is_floating_point()]
-        if saved_layout != self.layout.signature():
-            problems.append("its model has different parameters (names or shapes) than --model")
+        saved_frozen = sorted(state.get("frozen_state") or {})
+        if saved_layout != self.layout.signature() or saved_frozen != sorted(self.layout.frozen_names):
+            problems.append("its model has different parameters (names, shapes or frozen parts) than --model")
         if state["num_samples"] != self.datamodule.num_samples.tolist():
             problems.append("its clients' sample counts differ from this --data partition")
         strategy_class = type(self.strategy).__qualname__
@@ -639,6 +782,11 @@ class FederatedTrainer:
     def _load_run_state(self, state: dict[str, Any]) -> None:
         self.global_state, self.global_integers = self.layout.from_state_dict(state["global_state"])
         self.global_state = self.global_state.to(self.fabric.device)
+        frozen = state.get("frozen_state") or {}
+        if frozen:
+            self.module.load_state_dict(frozen, strict=False)
+        self._frozen_state = frozen
+        self._pending_bank = state.get("bank")
         self.strategy.load_state_dict(state["strategy"]["state"])
         for callback, callback_state in zip(self.callbacks, state.get("callbacks", []), strict=False):
             callback.load_state_dict(callback_state)
@@ -685,7 +833,7 @@ class FederatedTrainer:
     def _quiet(self) -> bool:
         return not self.enable_progress_bar or self.fabric.global_rank != 0
 
-    def _all_gather_objects(self, obj: Any) -> list[Any]:
+    def all_gather_objects(self, obj: Any) -> list[Any]:
         gathered: list[Any] = [None] * self.fabric.world_size
         torch.distributed.all_gather_object(gathered, obj)
         return gathered
@@ -710,25 +858,51 @@ def _all_finite(flat: torch.Tensor) -> bool:
     return math.isfinite(flat.sum(dtype=torch.float64).item())
 
 
-def _optimizer_and_scheduler(
-    configured: torch.optim.Optimizer | dict[str, Any],
-) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler | None]:
-    """The optimizer and per-step scheduler of ``configure_optimizers``'s return, in Lightning's formats.
+def _optimizers_and_schedulers(configured: Any) -> tuple[list[torch.optim.Optimizer], list[Any]]:
+    """The optimizers and per-step schedulers of ``configure_optimizers``'s return, in Lightning's formats.
 
-    An optimizer alone, or ``{"optimizer": ..., "lr_scheduler": scheduler}`` where the scheduler may be
-    wrapped as ``{"scheduler": ..., "interval": "step"}``. A local fit has no epochs of its own to count,
-    so only per-step schedules are accepted.
+    An optimizer; ``{"optimizer": ..., "lr_scheduler": scheduler}`` where the scheduler may be wrapped as
+    ``{"scheduler": ..., "interval": "step"}``; a list or tuple of either (several optimizers, e.g. a head,
+    centroids and a probe each with its own Adam); or ``([optimizers], [schedulers])``. Every optimizer
+    steps once per batch. A local fit has no epochs of its own to count, so only per-step schedules are
+    accepted.
+
+    >>> sgd = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    >>> optimizers, schedulers = _optimizers_and_schedulers([sgd, {"optimizer": sgd}])
+    >>> len(optimizers), schedulers
+    (2, [])
     """
-    if not isinstance(configured, dict):
-        return configured, None
-    scheduler = configured.get("lr_scheduler")
-    if isinstance(scheduler, dict):
-        assert scheduler.get("interval", "step") == "step", (
-            f"configure_optimizers returned a scheduler with interval={scheduler['interval']!r}; federated local "
-            "fits step schedulers once per optimizer step (interval='step')"
-        )
-        scheduler = scheduler["scheduler"]
-    return configured["optimizer"], scheduler
+    if isinstance(configured, torch.optim.Optimizer):
+        return [configured], []
+    if isinstance(configured, dict):
+        scheduler = configured.get("lr_scheduler")
+        if isinstance(scheduler, dict):
+            if scheduler.get("interval", "step") != "step":
+                raise ConfigError(
+                    f"configure_optimizers returned a scheduler with interval={scheduler['interval']!r}; federated "
+                    "local fits step schedulers once per optimizer step: use interval='step'."
+                )
+            scheduler = scheduler["scheduler"]
+        return [configured["optimizer"]], [] if scheduler is None else [scheduler]
+    if (
+        isinstance(configured, tuple)
+        and len(configured) == 2
+        and all(isinstance(part, list | tuple) for part in configured)
+        and all(isinstance(o, torch.optim.Optimizer) for o in configured[0])
+    ):  # Lightning's ([optimizers], [schedulers])
+        schedulers = [s["scheduler"] if isinstance(s, dict) else s for s in configured[1]]
+        return list(configured[0]), schedulers
+    if isinstance(configured, list | tuple) and configured:
+        optimizers, schedulers = [], []
+        for item in configured:
+            item_optimizers, item_schedulers = _optimizers_and_schedulers(item)
+            optimizers += item_optimizers
+            schedulers += item_schedulers
+        return optimizers, schedulers
+    raise ConfigError(
+        f"configure_optimizers returned {type(configured).__name__}; expected an optimizer, a dict with "
+        "'optimizer' (and 'lr_scheduler'), or a list of them."
+    )
 
 
 def _merge_max(into: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> None:

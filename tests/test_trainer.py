@@ -394,3 +394,38 @@ def test_forked_processes_hand_rank_zeros_results_back(tmp_path):
 def test_fork_start_across_nodes_is_refused():
     with pytest.raises(ConfigError, match="start_method=popen"):
         FederatedTrainer(devices=2, num_nodes=2, start_method="fork")
+
+
+class ThreeOptimizerClient(ScalarClient):
+    """Three scalars a, b, c, each with loss ½(· − y)² and its own SGD (momentum 0.9, lr 0.1 / 0.2 / 0.3)."""
+
+    def __init__(self):
+        super().__init__()
+        del self.w
+        self.a, self.b, self.c = (torch.nn.Parameter(torch.zeros(())) for _ in range(3))
+        self.configured = 0
+
+    def training_step(self, batch, batch_idx):
+        y = batch[1]
+        return {"loss": sum(0.5 * ((w - y) ** 2).mean() for w in (self.a, self.b, self.c))}
+
+    def validation_step(self, batch, batch_idx):
+        return {"loss": 0.5 * (self.a - batch[1]) ** 2}
+
+    def configure_optimizers(self):
+        self.configured += 1
+        return [torch.optim.SGD([w], lr=0.1 * (i + 1), momentum=0.9) for i, w in enumerate((self.a, self.b, self.c))]
+
+
+def test_several_optimizers_each_step_per_batch_and_are_recreated_every_round():
+    # one client with target 2 whose batch holds its whole split: every round is one step of each optimizer
+    data = FederatedDataModule(ScalarDataset([4], [2.0]), batch_size=100, test_fraction=0.5)
+    model = ThreeOptimizerClient()
+    trainer = FederatedTrainer(rounds=2, clients_per_round=1, local_epochs=1, logger=None, enable_progress_bar=False)
+    trainer.fit(model, data, FedAvg())
+    lr = torch.tensor([0.1, 0.2, 0.3])
+    after_one = lr * 2.0  # w = 0 − lr·(0 − 2)
+    # a fresh optimizer: no momentum carried over, so round 2 is again a plain step from the new w
+    after_two = after_one - lr * (after_one - 2.0)
+    torch.testing.assert_close(trainer.global_state, after_two)
+    assert model.configured == 2  # once per round

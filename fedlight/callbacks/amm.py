@@ -31,7 +31,7 @@ from fedlight.metrics.functional.prototypes import (
 from fedlight.strategies.fedproto import class_feature_batches
 
 if TYPE_CHECKING:
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.context import RunContext
 
 
 class AggregateMeanMargin(RoundCallback):
@@ -50,32 +50,35 @@ class AggregateMeanMargin(RoundCallback):
             )
         self.every_n_rounds = every_n_rounds
 
-    def on_round_end(self, trainer: FederatedTrainer, round_idx: int, metrics: dict[str, Any]) -> None:
+    def on_round_end(self, context: RunContext, round_idx: int, metrics: dict[str, Any]) -> None:
         """Adds the AMM of W^{t+1} to the round's metrics when the round is due."""
-        if (round_idx + 1) % self.every_n_rounds and round_idx != trainer.rounds - 1:
+        if (round_idx + 1) % self.every_n_rounds and round_idx != context.rounds - 1:
             return
-        sums, counts = _pooled_class_sums(trainer)
+        sums, counts = _pooled_class_sums(context)
         p_agg = prototypes_from_sums(sums, counts)  # [C, D]
         metrics["analysis/amm"] = aggregate_mean_margin(p_agg, counts).item()
         metrics["analysis/amm_as_written"] = aggregate_mean_margin_as_written(p_agg, counts).item()
 
 
 @torch.no_grad()
-def _pooled_class_sums(trainer: FederatedTrainer) -> tuple[torch.Tensor, torch.Tensor]:
+def _pooled_class_sums(context: RunContext) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-class feature sums ``[C, D]`` and counts ``[C]`` of the global model over every client's training data.
 
     Each process takes every world_size-th client and one all-reduce sums the statistics, so every rank
     returns the same numbers.
     """
-    fabric, data = trainer.fabric, trainer.datamodule
-    module = trainer.global_module()  # W^{t+1}, eval mode
-    sums = torch.zeros(data.num_classes, module.net.num_features, dtype=torch.float64, device=fabric.device)
-    counts = torch.zeros(data.num_classes, dtype=torch.float64, device=fabric.device)
-    for client in range(fabric.global_rank, data.num_clients, fabric.world_size):
-        for batch_sums, batch_counts in class_feature_batches(trainer, module, client):
-            sums += batch_sums
-            counts += batch_counts
-    if fabric.world_size > 1:
-        packed = fabric.all_reduce(torch.cat([sums.reshape(-1), counts]), reduce_op="sum")
-        sums, counts = packed[: sums.numel()].view_as(sums), packed[sums.numel() :]
-    return sums, counts.long()
+    data = context.datamodule
+    module = context.global_module()  # W^{t+1}, eval mode
+    num_classes, num_features = data.num_classes, module.net.num_features
+
+    def zeros() -> torch.Tensor:  # [C·D + C]: feature sums, then counts
+        return torch.zeros(num_classes * (num_features + 1), dtype=torch.float64, device=context.device)
+
+    def client_sums(client: int) -> torch.Tensor:
+        packed = zeros()
+        for batch_sums, batch_counts in class_feature_batches(context, module, client):
+            packed += torch.cat([batch_sums.reshape(-1).double(), batch_counts.double()])
+        return packed
+
+    packed = context.sum_over_clients(client_sums, range(data.num_clients), zeros())
+    return packed[: num_classes * num_features].view(num_classes, num_features), packed[-num_classes:].long()

@@ -11,22 +11,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.context import RunContext
 
 
 class RoundCallback:
-    """No-op hooks fired by :class:`~fedlight.trainer.FederatedTrainer` on every rank."""
+    """No-op hooks fired by the trainer on every rank, with the run's :class:`~fedlight.context.RunContext` first."""
 
-    def on_fit_start(self, trainer: FederatedTrainer) -> None:
+    def on_fit_start(self, context: RunContext) -> None:
         """Called once before the first round of ``fit`` (also after a resume)."""
 
-    def on_round_start(self, trainer: FederatedTrainer, round_idx: int) -> None:
-        """Called before round ``round_idx`` samples its clients; ``trainer.global_state`` is W^t."""
+    def on_round_start(self, context: RunContext, round_idx: int) -> None:
+        """Called before round ``round_idx`` samples its clients; ``context.global_state`` is W^t."""
 
-    def on_round_end(self, trainer: FederatedTrainer, round_idx: int, metrics: dict[str, Any]) -> None:
+    def on_round_end(self, context: RunContext, round_idx: int, metrics: dict[str, Any]) -> None:
         """Called after aggregation and evaluation, before logging; may add entries to ``metrics``."""
 
-    def on_fit_end(self, trainer: FederatedTrainer) -> None:
+    def on_fit_end(self, context: RunContext) -> None:
         """Called once after the last round."""
 
     def state_dict(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from fedlight.errors import ConfigError
 from fedlight.metrics.functional.entropy import feature_entropy, softmax_entropy
 
 if TYPE_CHECKING:
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.context import RunContext
 
 # viridis at 0, ¼, ½, ¾, 1 (RGB), linearly interpolated: a perceptually ordered map without a plotting library
 _VIRIDIS_AT = np.linspace(0.0, 1.0, 5)
@@ -60,31 +60,31 @@ class EntropyMaps(RoundCallback):
         self.num_images = num_images
         self.last_path: Path | None = None
 
-    def on_round_end(self, trainer: FederatedTrainer, round_idx: int, metrics: dict[str, Any]) -> None:
+    def on_round_end(self, context: RunContext, round_idx: int, metrics: dict[str, Any]) -> None:
         """Draws the maps of W^{t+1} when the round is due (every rank computes; rank 0 writes)."""
-        last = round_idx == trainer.rounds - 1
+        last = round_idx == context.rounds - 1
         due = self.every_n_rounds > 0 and (round_idx + 1) % self.every_n_rounds == 0
         if not (due or last):
             return
-        x, y = _spread_test_images(trainer, self.num_images)
-        maps = entropy_maps(trainer, x)
+        x, y = _spread_test_images(context, self.num_images)
+        maps = entropy_maps(context, x)
         metrics["analysis/entropy_softmax"] = maps["softmax_entropy"].mean().item()
         metrics["analysis/entropy_features"] = maps["feature_entropy"].mean().item()
-        if trainer.fabric.global_rank != 0 or trainer.run_dir is None:
+        if context.rank != 0 or context.run_dir is None:
             return
         grid = render_grid(x, y, maps["preds"], maps["softmax_entropy"], maps["feature_entropy"], maps["bounds"])
-        path = trainer.run_dir / "entropy_maps" / f"round_{round_idx + 1:04d}.png"
+        path = context.run_dir / "entropy_maps" / f"round_{round_idx + 1:04d}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         from PIL import Image
 
         Image.fromarray(grid).save(path)
         self.last_path = path
-        trainer.log_images({"analysis/entropy_maps": [str(path)]}, step=round_idx)
+        context.log_images({"analysis/entropy_maps": [str(path)]}, step=round_idx)
 
 
-def _spread_test_images(trainer: FederatedTrainer, count: int) -> tuple[Tensor, Tensor]:
+def _spread_test_images(context: RunContext, count: int) -> tuple[Tensor, Tensor]:
     """``count`` evenly spaced images ``[n, 3, H, W]`` and label maps ``[n, H, W]`` of the global test set."""
-    data = trainer.datamodule
+    data = context.datamodule
     total = len(data.test) if data.test is not None else len(data.held_out_index)
     wanted = torch.from_numpy(np.unique(np.linspace(0, total - 1, min(count, total)).round().astype(np.int64)))
     images, labels, offset = [], [], 0
@@ -99,9 +99,9 @@ def _spread_test_images(trainer: FederatedTrainer, count: int) -> tuple[Tensor, 
 
 
 @torch.no_grad()
-def entropy_maps(trainer: FederatedTrainer, x: Tensor) -> dict[str, Tensor]:
+def entropy_maps(context: RunContext, x: Tensor) -> dict[str, Tensor]:
     """Prediction ``[N, H, W]``, H_S and H_E ``[N, H, W]`` of the global model, with their upper bounds."""
-    module, precision = trainer.global_module(), trainer.precision
+    module, precision = context.global_module(), context.precision
     with precision.forward_context():
         features = module.net.forward_features(precision.convert_input(x))  # [N, D, h, w]
         logits = module.net.forward_head(features)  # [N, C, H, W]

@@ -32,7 +32,7 @@ from fedlight.metrics.functional.mmd import maximum_mean_discrepancy
 
 if TYPE_CHECKING:
     from fedlight.clients.base import FederatedClient
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.context import RunContext
 
 _FLAG = "--trainer.callbacks (fedlight.callbacks.FeatureDiscrepancy) init_args"
 #: Settings that decide the inputs and the held-out splits: the reference must have been trained on them.
@@ -108,7 +108,7 @@ class FeatureDiscrepancy(RoundCallback):
         self.bandwidth_multipliers = bandwidth_multipliers
         self.reference_module: FederatedClient | None = None
 
-    def on_fit_start(self, trainer: FederatedTrainer) -> None:
+    def on_fit_start(self, context: RunContext) -> None:
         """Loads the reference checkpoint into a copy of the client module (eval mode, frozen)."""
         path = Path(self.reference)
         if not path.is_file():
@@ -122,33 +122,33 @@ class FeatureDiscrepancy(RoundCallback):
         except ConfigError as err:
             raise ConfigError(f"{_FLAG}.reference={path} is not a usable fedlight checkpoint: {err}") from None
         saved_layout = [(name, tuple(t.shape)) for name, t in state["global_state"].items() if t.is_floating_point()]
-        if saved_layout != trainer.layout.signature():
+        if saved_layout != context.layout.signature():
             raise ConfigError(
                 f"{_FLAG}.reference={path} holds a model with other parameters (names or shapes) than --model. "
                 "Train the centralized reference with this run's --model and --data."
             )
-        self._warn_on_other_data(state.get("config"), trainer.config, path)
-        reference = copy.deepcopy(trainer.module)
-        trainer.layout.load(reference, *trainer.layout.from_state_dict(state["global_state"]))
+        self._warn_on_other_data(state.get("config"), context.config, path)
+        reference = copy.deepcopy(context.module)
+        context.layout.load(reference, *context.layout.from_state_dict(state["global_state"]))
         self.reference_module = reference.eval().requires_grad_(False)
 
-    def on_round_end(self, trainer: FederatedTrainer, round_idx: int, metrics: dict[str, Any]) -> None:
+    def on_round_end(self, context: RunContext, round_idx: int, metrics: dict[str, Any]) -> None:
         """Adds the mean MMD² over the round's sampled clients when the round is due."""
-        if (round_idx + 1) % self.every_n_rounds and round_idx != trainer.rounds - 1:
+        if (round_idx + 1) % self.every_n_rounds and round_idx != context.rounds - 1:
             return
         assert self.reference_module is not None, "on_fit_start did not load the reference model"
-        fabric = trainer.fabric
-        clients = [plan.client for plan in trainer.round_plans]  # K^t, dropped stragglers included
-        values = torch.zeros(len(clients), dtype=torch.float64, device=fabric.device)  # MMD² per client
-        measured = torch.zeros(len(clients), dtype=torch.float64, device=fabric.device)  # 1 where defined
-        module = trainer.global_module()  # W^{t+1}, eval mode
-        for i in range(fabric.global_rank, len(clients), fabric.world_size):
-            p, q = self._features(trainer, module, clients[i])  # P_k, Q_k: [N_k, D] each
-            if len(p) >= 2:
-                mmd = maximum_mean_discrepancy(p, q, bandwidth_multipliers=self.bandwidth_multipliers)
-                values[i], measured[i] = mmd, 1.0
-        if fabric.world_size > 1:
-            values, measured = fabric.all_reduce(torch.stack([values, measured]), reduce_op="sum")
+        clients = [plan.client for plan in context.plans]  # K^t, dropped stragglers included
+        module = context.global_module()  # W^{t+1}, eval mode
+
+        def client_mmd(client: int) -> tuple[float, bool]:  # (MMD², whether defined)
+            p, q = self._features(context, module, client)  # P_k, Q_k: [N_k, D] each
+            if len(p) < 2:
+                return 0.0, False
+            return float(maximum_mean_discrepancy(p, q, bandwidth_multipliers=self.bandwidth_multipliers)), True
+
+        results = context.map_clients(client_mmd, clients)
+        values = torch.tensor([value for value, _ in results], dtype=torch.float64)  # MMD² per client
+        measured = torch.tensor([float(defined) for _, defined in results], dtype=torch.float64)
         if not measured.any():
             warnings.warn(
                 f"No client sampled in round {round_idx} has 2 held-out samples; analysis/mmd is not logged.",
@@ -165,12 +165,12 @@ class FeatureDiscrepancy(RoundCallback):
         metrics["analysis/mmd_clients"] = values[measured > 0].float().cpu()
 
     @torch.no_grad()
-    def _features(self, trainer: FederatedTrainer, module: FederatedClient, client: int) -> tuple[Tensor, Tensor]:
+    def _features(self, context: RunContext, module: FederatedClient, client: int) -> tuple[Tensor, Tensor]:
         """Features ``[N, D]`` of the global and the reference model on the first ≤ max_samples held-out inputs."""
-        precision = trainer.precision
+        precision = context.precision
         features: tuple[list[Tensor], list[Tensor]] = ([], [])
         taken = 0
-        for batch in trainer.datamodule.client_batches(client, split="held_out"):
+        for batch in context.datamodule.client_batches(client, split="held_out"):
             if taken >= self.max_samples:
                 break
             x = precision.convert_input(batch)[0][: self.max_samples - taken]

@@ -33,7 +33,7 @@ from fedlight.callbacks.base import RoundCallback
 from fedlight.errors import ConfigError
 
 if TYPE_CHECKING:
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.context import RunContext
 
 
 def dissimilarity_from_sums(sum_sq_norms: Tensor, sum_grads: Tensor, mean_grad: Tensor, num_clients: int) -> Tensor:
@@ -83,50 +83,48 @@ class GradientDissimilarity(RoundCallback):
         self.every_n_rounds = every_n_rounds
         self._measured: tuple[int, float] | None = None  # (round, value) between the round's start and end
 
-    def on_round_start(self, trainer: FederatedTrainer, round_idx: int) -> None:
+    def on_round_start(self, context: RunContext, round_idx: int) -> None:
         """Measures the dissimilarity at W^t when the round is due."""
         self._measured = None
-        if (round_idx + 1) % self.every_n_rounds and round_idx != trainer.rounds - 1:
+        if (round_idx + 1) % self.every_n_rounds and round_idx != context.rounds - 1:
             return
-        self._measured = (round_idx, gradient_dissimilarity(trainer).item())
+        self._measured = (round_idx, gradient_dissimilarity(context).item())
 
-    def on_round_end(self, trainer: FederatedTrainer, round_idx: int, metrics: dict[str, Any]) -> None:
+    def on_round_end(self, context: RunContext, round_idx: int, metrics: dict[str, Any]) -> None:
         """Adds the value measured at the start of this round."""
         if self._measured is not None and self._measured[0] == round_idx:
             metrics["analysis/gradient_dissimilarity"] = self._measured[1]
         self._measured = None
 
 
-def gradient_dissimilarity(trainer: FederatedTrainer) -> Tensor:
+def gradient_dissimilarity(context: RunContext) -> Tensor:
     """(1/|K|) Σ_k ‖∇L_k − ∇L‖² at the trainer's global model W^t over all its clients (float64 scalar)."""
-    fabric, data = trainer.fabric, trainer.datamodule
-    module = trainer.module
+    data, device = context.datamodule, context.device
+    module = context.module
     was_training = module.training
-    trainer.global_module()  # W^t, eval mode
+    context.global_module()  # W^t, eval mode
     params = [p for p in module.parameters() if p.requires_grad]
     saved_grads = [p.grad for p in params]
     numel = sum(p.numel() for p in params)
-    # running sums, packed for one all-reduce: [Σ n_k g_k (P), Σ g_k (P), Σ ‖g_k‖² (1)]
-    sums = torch.zeros(2 * numel + 1, dtype=torch.float64, device=fabric.device)
-    cuda_devices = [fabric.device] if fabric.device.type == "cuda" else []
+
+    def client_sums(client: int) -> Tensor:  # [n_k g_k (P), g_k (P), ‖g_k‖² (1)]
+        grad = _full_batch_gradient(context, params, client).double()  # g_k, [P]
+        return torch.cat([grad * float(data.num_samples[client]), grad, grad.dot(grad)[None]])
+
+    sums = torch.zeros(2 * numel + 1, dtype=torch.float64, device=device)  # the three running sums
+    cuda_devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda_devices), torch.enable_grad():
-        for client in range(fabric.global_rank, data.num_clients, fabric.world_size):
-            grad = _full_batch_gradient(trainer, params, client).double()  # g_k, [P]
-            sums[:numel].add_(grad, alpha=float(data.num_samples[client]))
-            sums[numel:-1] += grad
-            sums[-1] += grad.dot(grad)
+        sums = context.sum_over_clients(client_sums, range(data.num_clients), sums)
     for p, grad in zip(params, saved_grads, strict=True):
         p.grad = grad
     module.train(was_training)
-    if fabric.world_size > 1:
-        sums = fabric.all_reduce(sums, reduce_op="sum")
     mean_grad = sums[:numel] / float(data.num_samples.sum())  # ∇L = Σ_k (n_k/n) ∇L_k
     return dissimilarity_from_sums(sums[-1], sums[numel:-1], mean_grad, data.num_clients)
 
 
-def _full_batch_gradient(trainer: FederatedTrainer, params: list[torch.nn.Parameter], client: int) -> Tensor:
+def _full_batch_gradient(context: RunContext, params: list[torch.nn.Parameter], client: int) -> Tensor:
     """``[P]`` gradient of client ``client``'s mean training loss, from batch means weighted by batch size."""
-    data, precision, module = trainer.datamodule, trainer.precision, trainer.module
+    data, precision, module = context.datamodule, context.precision, context.module
     num_samples = int(data.num_samples[client])
     for p in params:
         p.grad = None

@@ -22,7 +22,7 @@ from fedlight.data.labels import VOC_CLASSES, voc_colormap
 from fedlight.data.partition.summary import partition_statistics, plot_partition_summary
 
 if TYPE_CHECKING:
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.context import RunContext
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +41,11 @@ class PartitionSummary(RoundCallback):
         self.max_clients = max_clients
         self.class_names = class_names
 
-    def on_fit_start(self, trainer: FederatedTrainer) -> None:
+    def on_fit_start(self, context: RunContext) -> None:
         """Counts, draws and logs the partition (rank 0)."""
-        if trainer.fabric.global_rank != 0 or trainer.run_dir is None:
+        if context.rank != 0 or context.run_dir is None:
             return
-        data = trainer.datamodule
+        data = context.datamodule
         if data.centralized:
             log.info("PartitionSummary: skipped, a centralized run trains one client on every training split.")
             return
@@ -60,9 +60,9 @@ class PartitionSummary(RoundCallback):
         voc_colors = [palette[VOC_CLASSES.index(n)] if n in VOC_CLASSES else others[c] for c, n in enumerate(names)]
         colors = np.stack(voc_colors)
         path = plot_partition_summary(
-            stats, trainer.run_dir / "partition_summary.png", names, colors, self.max_clients, title=trainer.name
+            stats, context.run_dir / "partition_summary.png", names, colors, self.max_clients, title=context.name
         )
         summary = stats.summary()
         record = {"summary": summary, "class_names": names, "counts": stats.counts.tolist()}
-        (trainer.run_dir / "partition_summary.json").write_text(json.dumps(record, indent=1))
-        trainer.log_images({"data/partition": [str(path)]}, step=0)
+        (context.run_dir / "partition_summary.json").write_text(json.dumps(record, indent=1))
+        context.log_images({"data/partition": [str(path)]}, step=0)

@@ -24,7 +24,7 @@ from fedlight.errors import ConfigError
 from fedlight.metrics.functional.prototypes import dense_features_and_labels
 
 if TYPE_CHECKING:
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.context import RunContext
 
 
 class FeatureTSNE(RoundCallback):
@@ -50,29 +50,29 @@ class FeatureTSNE(RoundCallback):
         self.include_background = include_background
         self.perplexity = perplexity
 
-    def on_fit_end(self, trainer: FederatedTrainer) -> None:
+    def on_fit_end(self, context: RunContext) -> None:
         """Embeds and draws the final model's features (rank 0)."""
-        if trainer.fabric.global_rank != 0 or trainer.run_dir is None:
+        if context.rank != 0 or context.run_dir is None:
             return
-        features, labels = self._features(trainer)
-        rng = np.random.default_rng(trainer.seed)
+        features, labels = self._features(context)
+        rng = np.random.default_rng(context.seed)
         if len(labels) > self.max_points:
             keep = np.sort(rng.choice(len(labels), size=self.max_points, replace=False))
             features, labels = features[keep], labels[keep]
         from sklearn.manifold import TSNE
 
         perplexity = min(self.perplexity, (len(labels) - 1) / 3)
-        embedding = TSNE(2, perplexity=perplexity, init="pca", random_state=trainer.seed).fit_transform(features)
-        np.savez(trainer.run_dir / "tsne.npz", embedding=embedding, labels=labels)
-        path = _plot(embedding, labels, trainer.datamodule.num_classes, trainer.run_dir / "tsne.png", trainer.name)
-        trainer.log_images({"analysis/tsne": [str(path)]}, step=trainer.rounds - 1)
+        embedding = TSNE(2, perplexity=perplexity, init="pca", random_state=context.seed).fit_transform(features)
+        np.savez(context.run_dir / "tsne.npz", embedding=embedding, labels=labels)
+        path = _plot(embedding, labels, context.datamodule.num_classes, context.run_dir / "tsne.png", context.name)
+        context.log_images({"analysis/tsne": [str(path)]}, step=context.rounds - 1)
 
     @torch.no_grad()
-    def _features(self, trainer: FederatedTrainer) -> tuple[np.ndarray, np.ndarray]:
+    def _features(self, context: RunContext) -> tuple[np.ndarray, np.ndarray]:
         """``[M, D]`` features and ``[M]`` labels of the kept points."""
-        module, precision = trainer.global_module(), trainer.precision
+        module, precision = context.global_module(), context.precision
         features, labels, taken = [], [], 0
-        for x, y, _ in trainer.datamodule.test_batches():
+        for x, y, _ in context.datamodule.test_batches():
             x, y = x[: self.max_images - taken], y[: self.max_images - taken]
             taken += len(x)
             with precision.forward_context():

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 from lightning import LightningModule
@@ -43,7 +44,13 @@ class FederatedClient(LightningModule):
     - :meth:`evaluation_metric`.
 
     ``configure_optimizers`` may return Lightning's ``{"optimizer": ..., "lr_scheduler": ...}`` with a
-    per-step scheduler; :attr:`local_fit` tells it the round and the length of the fit it is built for.
+    per-step scheduler, or a list of optimizers (each steps once per batch); :attr:`local_fit` tells it
+    the round and the length of the fit it is built for.
+
+    Submodules named in :attr:`frozen_modules` (a pretrained backbone), and parameters with
+    ``requires_grad=False``, are not federated: they are loaded once, run in eval mode during local
+    training, never aggregated, and checkpointed once. During a local fit :attr:`teachers` holds the
+    frozen models the strategy hands to the loss (e.g. ``self.teachers["kd"]``).
     ``configure_model`` runs once before W^0 is taken from the module (not when resuming a checkpoint):
     the place to load weights from outside the run, such as a pretrained encoder.
     """
@@ -52,6 +59,10 @@ class FederatedClient(LightningModule):
     test_metrics: tuple[str, ...] = ("acc", "loss")
     #: Set by the trainer before every ``configure_optimizers`` call.
     local_fit: LocalFit | None = None
+    #: Names of submodules that are frozen (not trained, not federated), e.g. ``("backbone",)``.
+    frozen_modules: tuple[str, ...] = ()
+    #: Frozen auxiliary models by role, set by the trainer for the length of a local fit.
+    teachers: Mapping[str, torch.nn.Module] = MappingProxyType({})
 
     def evaluation_metric(self, num_groups: int) -> Metric:
         """Returns a fresh metric that accumulates ``validation_step`` outputs over ``num_groups`` groups."""

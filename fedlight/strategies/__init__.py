@@ -1,6 +1,7 @@
 """Aggregation rules, one per file; :class:`Strategy` documents the hooks."""
 
 from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
+from fedlight.strategies.clustered_fedavg import ClusteredFedAvg
 from fedlight.strategies.fairness import Fairness
 from fedlight.strategies.fedatt import FedAtt
 from fedlight.strategies.fedau import FedAU
@@ -18,6 +19,7 @@ __all__ = [
     "MOON",
     "ClientPlan",
     "ClientUpdate",
+    "ClusteredFedAvg",
     "Fairness",
     "FedAU",
     "FedAtt",

@@ -1,25 +1,44 @@
 """The server callback layer: a :class:`Strategy` is the aggregation rule of a federated run.
 
-The trainer's round loop fires the hooks below by name, in this order::
+The trainer's round loop fires the hooks below by name, in this order; ``ctx`` is the run's
+:class:`~fedlight.context.RunContext`::
 
+    on_fit_start(ctx)                                once, before the first round (also after a resume)
     sample_clients                                   server, start of round t
-    on_round_start(trainer, t, plans)                server
+    on_round_start(ctx, t, plans)                    server
     for each client k that trains:                   on the rank that hosts k
-        initial_state(trainer, plan, W^t)            server → client: the state k starts from
-        on_client_fit_start(trainer, module, plan)   client, after W^t is loaded
+        initial_state(ctx, plan, W)                  server → client: the state k starts from (W is W^t,
+                                                     or its cluster's member of the bank)
+        client_teachers(ctx, plan)                   frozen models handed to the client's loss
+        on_client_fit_start(ctx, module, plan)       client, after the state is loaded
         training_loss(module, batch, outputs)        client, every local step
-        on_client_fit_end(trainer, module, update)   client, fills update.payload
+        on_client_fit_end(ctx, module, update)       client, fills update.payload
         client_weights(update)                       unnormalised weights of k's state
     server_update(W^t, aggregate, updates)           server, after the weighted sum
-    on_round_end(trainer, t, updates) -> metrics     server, every update's payload in hand
+    on_round_end(ctx, t, updates) -> metrics         server, every update's payload in hand
+    route(ctx, batch, split)                         evaluation, for clustered rules that route samples
 
-Most rules are "weights from payloads, then one weighted sum". The trainer does the sum in fp32, in
+Most rules are "weights from payloads, then one weighted sum". The trainer does the sum in fp64, in
 one flat buffer and one all-reduce across ranks, while clients finish, so no client state is held
 past its own local fit. A rule with ``weight_channels = m > 1`` gives each client ``m`` weights and
 gets back ``Σ_j c_j · (Σ_k w_kj θ_k) / (Σ_k w_kj)`` with the coefficients ``c`` of
 :meth:`channel_coefficients`; that expresses normalised mixtures such as FedProto's
 ``(a_agg + a_loc)/2``. Rules that need every client's state at once (median, Krum, FedCC's centroid
 matching) set ``gather_states = True`` and implement :meth:`aggregate_states`.
+
+**Clusters.** A rule with cluster-specific layers (LADD) returns its number of clusters from
+:meth:`num_clusters`, names the entries kept per cluster in ``cluster_layers`` (see
+:func:`fedlight.bank.cluster_entry_names`) and maps clients to clusters with :meth:`client_cluster`. The
+engine then keeps a :class:`~fedlight.bank.ModelBank`: each client starts from its cluster's model, shared
+entries average over all of the round's clients and cluster entries within each cluster. Rules that
+name splits in ``routed_splits`` also get the metrics of every evaluation sample scored by the member
+:meth:`route` picks (``…/routed/<metric>`` beside the global model's ``…/<metric>``).
+
+**Teachers.** :meth:`client_teachers` hands frozen auxiliary models (a fixed distillation teacher, a
+cluster's running-average teacher, MOON's encoders) to the client module as ``module.teachers`` for the
+length of its local fit, so the client's own ``training_step`` uses them in its loss. The strategy owns
+them (one frozen copy per role and process, states loaded by copy, see :class:`fedlight.teachers.Teachers`)
+and checkpoints them in its :meth:`state_dict`.
 
 Every hook has a no-op default, so a rule overrides only what it changes. Stateful rules implement
 :meth:`state_dict` / :meth:`load_state_dict`; what they return must be tensors, numbers, strings and
@@ -28,7 +47,7 @@ containers of them, so checkpoints load with ``weights_only=True``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -39,8 +58,9 @@ from fedlight.strategies.functional import sample_clients
 
 if TYPE_CHECKING:
     from lightning import LightningModule
+    from torch import nn
 
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.context import RunContext
 
 
 @dataclass
@@ -104,6 +124,12 @@ class Strategy:
 
     weight_channels: int = 1
     gather_states: bool = False
+    #: Entries kept per cluster (``bn``, ``backbone``, ``classifier``, ``all`` or glob patterns); ``None``: none.
+    cluster_layers: str | Sequence[str] | None = None
+    #: A cluster with no aggregated client restarts from the global model instead of keeping its values.
+    reset_unsampled_clusters: bool = False
+    #: Evaluation splits (``clients``, ``test``) whose samples are also scored by their routed bank member.
+    routed_splits: tuple[str, ...] = ()
     #: The rule's paper settings, used where the constructor gets ``None``.
     default_tolerate_stragglers: bool = False
     default_sampling: Literal["proportional", "uniform"] = "proportional"
@@ -124,24 +150,28 @@ class Strategy:
         return sample_clients(num_samples, k, rng, proportional=self.sampling == "proportional")
 
     # -- hooks ---------------------------------------------------------------------------------------
-    def on_fit_start(self, trainer: FederatedTrainer) -> None:
+    def on_fit_start(self, context: RunContext) -> None:
         """Called once before the first round (also after a resume)."""
 
-    def on_round_start(self, trainer: FederatedTrainer, round_idx: int, plans: list[ClientPlan]) -> None:
+    def on_round_start(self, context: RunContext, round_idx: int, plans: list[ClientPlan]) -> None:
         """Called on every rank before any client of the round trains."""
 
-    def initial_state(self, trainer: FederatedTrainer, plan: ClientPlan, global_state: torch.Tensor) -> torch.Tensor:
+    def initial_state(self, context: RunContext, plan: ClientPlan, global_state: torch.Tensor) -> torch.Tensor:
         """Returns the flat state client ``plan.client`` starts from (the global model by default)."""
         return global_state
 
-    def on_client_fit_start(self, trainer: FederatedTrainer, module: LightningModule, plan: ClientPlan) -> None:
+    def client_teachers(self, context: RunContext, plan: ClientPlan) -> Mapping[str, nn.Module]:
+        """Frozen models the client's loss may use, by role; set as ``module.teachers`` during its local fit."""
+        return {}
+
+    def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
         """Called with the received state loaded and the module in train mode, before the first step."""
 
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Returns the loss to minimise; ``outputs`` is what ``module.training_step`` returned."""
         return outputs["loss"]
 
-    def on_client_fit_end(self, trainer: FederatedTrainer, module: LightningModule, update: ClientUpdate) -> None:
+    def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         """Called after local training, module in train mode; may fill ``update.payload``."""
 
     def client_weights(self, update: ClientUpdate) -> Sequence[float]:
@@ -164,9 +194,23 @@ class Strategy:
         """Returns W^{t+1} from W^t and the aggregate; FedAvg takes the aggregate as it is."""
         return aggregate
 
-    def on_round_end(self, trainer: FederatedTrainer, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
+    def on_round_end(self, context: RunContext, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
         """Called on every rank with all aggregated updates; returns metrics to log for the round."""
         return {}
+
+    # -- clusters -------------------------------------------------------------------------------------
+    def num_clusters(self) -> int:
+        """C, the number of clusters with their own cluster entries (0: one global model). Read after
+        :meth:`on_fit_start`, so a rule may find its clusters there (e.g. from the clients' styles)."""
+        return 0
+
+    def client_cluster(self, client: int) -> int:
+        """The cluster of client ``client`` (for rules with clusters)."""
+        raise NotImplementedError(f"{type(self).__name__} has clusters but does not map clients to them")
+
+    def route(self, context: RunContext, batch: Any, split: str) -> torch.Tensor:
+        """``[B]`` the bank member that scores each sample of an evaluation batch of ``split``."""
+        raise NotImplementedError(f"{type(self).__name__} routes {split} samples but does not implement route")
 
     # -- state ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

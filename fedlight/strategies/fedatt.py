@@ -10,7 +10,7 @@ with w the server's model and w_k client k's:
 The official code takes scipy's ``ord=2``, a spectral norm for matrices that fails on 4-D kernels; the
 flattened (Frobenius) norm is used instead. Floating-point buffers (BatchNorm running statistics) are
 statistics rather than weights: they take FedAvg's n_k-weighted average, without noise. Integer
-buffers are copied by the trainer. Stragglers are dropped by default, as in the prototype-margin
+buffers are copied by the context. Stragglers are dropped by default, as in the prototype-margin
 paper's FedAtt row.
 """
 
@@ -26,7 +26,7 @@ from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
 from fedlight.strategies.functional import weighted_average
 
 if TYPE_CHECKING:
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.context import RunContext
 
 
 def attentive_step(server: torch.Tensor, clients: torch.Tensor, epsilon: float = 1.0) -> torch.Tensor:
@@ -92,12 +92,12 @@ class FedAtt(Strategy):
         self._tensors: list[tuple[slice, bool]] = []  # per layout entry: its flat slice, whether it is a buffer
         self._noise: np.random.Generator | None = None  # this round's strategy stream
 
-    def on_fit_start(self, trainer: FederatedTrainer) -> None:
-        buffers = {name for name, _ in trainer.module.named_buffers()}
-        self._tensors = [(slice(e.offset, e.offset + e.numel), e.name in buffers) for e in trainer.layout.entries]
+    def on_fit_start(self, context: RunContext) -> None:
+        buffers = {name for name, _ in context.module.named_buffers()}
+        self._tensors = [(slice(e.offset, e.offset + e.numel), e.name in buffers) for e in context.layout.entries]
 
-    def on_round_start(self, trainer: FederatedTrainer, round_idx: int, plans: list[ClientPlan]) -> None:
-        self._noise = trainer.strategy_rng(round_idx)
+    def on_round_start(self, context: RunContext, round_idx: int, plans: list[ClientPlan]) -> None:
+        self._noise = context.strategy_rng(round_idx)
 
     def aggregate_states(
         self, global_state: torch.Tensor, states: torch.Tensor, updates: list[ClientUpdate]

@@ -30,7 +30,7 @@ from fedlight.errors import ConfigError
 from fedlight.strategies.base import ClientUpdate, Strategy
 
 if TYPE_CHECKING:
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.context import RunContext
 
 
 class FedAU(Strategy):
@@ -69,13 +69,13 @@ class FedAU(Strategy):
         self.absent: torch.Tensor | None = None
         self._is_parameter: torch.Tensor | None = None  # [P] bool
 
-    def on_fit_start(self, trainer: FederatedTrainer) -> None:
+    def on_fit_start(self, context: RunContext) -> None:
         if self.interval_sum is None:
-            num_clients = trainer.datamodule.num_clients
+            num_clients = context.datamodule.num_clients
             self.interval_sum = torch.zeros(num_clients, dtype=torch.int64)
             self.interval_count = torch.zeros(num_clients, dtype=torch.int64)
             self.absent = torch.zeros(num_clients, dtype=torch.int64)
-        self._is_parameter = trainer.layout.parameter_mask(trainer.module).to(trainer.global_state.device)
+        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
 
     def client_weights(self, update: ClientUpdate) -> Sequence[float]:
         """ω_n: the mean of the client's past intervals, 1 before it has any."""
@@ -92,7 +92,7 @@ class FedAU(Strategy):
         stepped = global_state + scale * (aggregate - global_state)
         return torch.where(self._is_parameter, stepped, aggregate)
 
-    def on_round_end(self, trainer: FederatedTrainer, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
+    def on_round_end(self, context: RunContext, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
         """Records this round's intervals, after the weights were used."""
         participated = torch.zeros_like(self.absent, dtype=torch.bool)
         participated[[u.client for u in updates]] = True

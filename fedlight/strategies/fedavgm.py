@@ -25,7 +25,7 @@ from fedlight.strategies.fedavg import FedAvg
 from fedlight.strategies.functional import server_momentum
 
 if TYPE_CHECKING:
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.context import RunContext
 
 
 class FedAvgM(FedAvg):
@@ -63,8 +63,8 @@ class FedAvgM(FedAvg):
         self.velocity: torch.Tensor | None = None  # v [P], zero on buffers; None before the first round
         self._is_parameter: torch.Tensor | None = None  # [P] bool
 
-    def on_fit_start(self, trainer: FederatedTrainer) -> None:
-        self._is_parameter = trainer.layout.parameter_mask(trainer.module).to(trainer.global_state.device)
+    def on_fit_start(self, context: RunContext) -> None:
+        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
 
     def server_update(
         self, global_state: torch.Tensor, aggregate: torch.Tensor, updates: list[ClientUpdate]

@@ -32,7 +32,7 @@ from fedlight.strategies.functional import fednova_normalizer
 if TYPE_CHECKING:
     from lightning import LightningModule
 
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.context import RunContext
 
 
 class FedNova(FedProx):
@@ -60,9 +60,9 @@ class FedNova(FedProx):
         self.lr = 0.0  # η of the local SGD
         self._is_parameter: torch.Tensor | None = None  # [P] bool
 
-    def on_fit_start(self, trainer: FederatedTrainer) -> None:
+    def on_fit_start(self, context: RunContext) -> None:
         """Reads ρ and η of the client optimizer, which a_i depends on."""
-        optimizer = trainer.module.configure_optimizers()
+        optimizer = context.module.configure_optimizers()
         keys = ("lr", "momentum", "dampening", "nesterov")
         settings = {tuple(group.get(key, 0) for key in keys) for group in optimizer.param_groups}
         if not isinstance(optimizer, torch.optim.SGD) or len(settings) != 1:
@@ -77,9 +77,9 @@ class FedNova(FedProx):
                 "--model.init_args.optimizer.init_args.dampening=0 and nesterov=false."
             )
         self.lr, self.momentum = float(lr), float(momentum)
-        self._is_parameter = trainer.layout.parameter_mask(trainer.module).to(trainer.global_state.device)
+        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
 
-    def on_client_fit_end(self, trainer: FederatedTrainer, module: LightningModule, update: ClientUpdate) -> None:
+    def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         """Replaces the trained parameters W_i by W^t − d_i = W^t − (W^t − W_i)/a_i and sends a_i and τ_i."""
         # FedProx's on_client_fit_start kept the anchors w^t of the trainable parameters, also with μ = 0.
         normalizer = fednova_normalizer(update.num_steps, self.momentum, self.lr * self.mu)  # a_i
@@ -88,7 +88,7 @@ class FedNova(FedProx):
                 for param, anchor in zip(self._params, self._anchors, strict=True):
                     param.copy_(anchor + (param - anchor) / normalizer)
         update.payload.update(normalizer=normalizer, steps=update.num_steps)
-        super().on_client_fit_end(trainer, module, update)
+        super().on_client_fit_end(context, module, update)
 
     def server_update(
         self, global_state: torch.Tensor, aggregate: torch.Tensor, updates: list[ClientUpdate]

@@ -46,7 +46,7 @@ from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
 if TYPE_CHECKING:
     from lightning import LightningModule
 
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.context import RunContext
 
 
 class FedProto(Strategy):
@@ -95,15 +95,15 @@ class FedProto(Strategy):
         self._before: Tensor | None = None  # p̂_k^before [C, D] of the client training in this process
 
     # -- client side -------------------------------------------------------------------------------
-    def on_client_fit_start(self, trainer: FederatedTrainer, module: LightningModule, plan: ClientPlan) -> None:
+    def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
         """Prototypes of the client's training set with the received model W^t (the "t−1" side of Eq. 8)."""
         if self.use_lpm:
-            prototypes, _ = _client_prototypes(trainer, module, plan.client)
+            prototypes, _ = _client_prototypes(context, module, plan.client)
             self._before = minmax_normalize(prototypes)
 
-    def on_client_fit_end(self, trainer: FederatedTrainer, module: LightningModule, update: ClientUpdate) -> None:
+    def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         """Prototypes with the trained model, the client's margins, and its payload."""
-        prototypes, counts = _client_prototypes(trainer, module, update.client)  # p_k [C, D], n_k [C]
+        prototypes, counts = _client_prototypes(context, module, update.client)  # p_k [C, D], n_k [C]
         normalised = minmax_normalize(prototypes)
         update.payload.update(prototypes=prototypes, counts=counts)
         if self.use_lpm:
@@ -133,7 +133,7 @@ class FedProto(Strategy):
         """Eq. 13: a = ½ a_agg + ½ a_loc."""
         return (0.5, 0.5)
 
-    def on_round_end(self, trainer: FederatedTrainer, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
+    def on_round_end(self, context: RunContext, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
         """Updates p̂_agg (Eq. 10) and reports the attention actually applied and the margins."""
         if not updates:
             return {}
@@ -177,7 +177,7 @@ class FedProto(Strategy):
 
 @torch.no_grad()
 def class_feature_batches(
-    trainer: FederatedTrainer, module: LightningModule, client: int
+    context: RunContext, module: LightningModule, client: int
 ) -> Iterator[tuple[Tensor, Tensor]]:
     """Per-batch class feature sums ``[C, D]`` and counts ``[C]`` of ``module`` over a client's training split.
 
@@ -185,9 +185,9 @@ def class_feature_batches(
     for dense models, whose pixels count as samples with void (the module's ``ignore_index``) left out (D5).
     The caller sets the module's mode and adds the batches up.
     """
-    precision, num_classes = trainer.precision, trainer.datamodule.num_classes
+    precision, num_classes = context.precision, context.datamodule.num_classes
     ignore_index = getattr(module, "ignore_index", None)  # segmentation's void label
-    for batch in trainer.datamodule.client_batches(client, split="train"):
+    for batch in context.datamodule.client_batches(client, split="train"):
         x, y = precision.convert_input(batch)
         with precision.forward_context():
             features = module.net.forward_features(x)
@@ -195,7 +195,7 @@ def class_feature_batches(
 
 
 @torch.no_grad()
-def _client_prototypes(trainer: FederatedTrainer, module: LightningModule, client: int) -> tuple[Tensor, Tensor]:
+def _client_prototypes(context: RunContext, module: LightningModule, client: int) -> tuple[Tensor, Tensor]:
     """Class prototypes ``[C, D]`` and counts ``[C]`` of a client's training set, on the CPU (Eq. 4, D5).
 
     Dense models (segmentation) give ``[B, D, h, w]`` decoder features: every feature pixel is a sample,
@@ -208,7 +208,7 @@ def _client_prototypes(trainer: FederatedTrainer, module: LightningModule, clien
     was_training = module.training
     module.eval()
     sums, counts = None, None
-    for batch_sums, batch_counts in class_feature_batches(trainer, module, client):
+    for batch_sums, batch_counts in class_feature_batches(context, module, client):
         sums = batch_sums if sums is None else sums + batch_sums
         counts = batch_counts if counts is None else counts + batch_counts
     module.train(was_training)

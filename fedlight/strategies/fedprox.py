@@ -22,8 +22,8 @@ from fedlight.strategies.fedavg import FedAvg
 if TYPE_CHECKING:
     from lightning import LightningModule
 
+    from fedlight.context import RunContext
     from fedlight.strategies.base import ClientPlan, ClientUpdate
-    from fedlight.trainer import FederatedTrainer
 
 
 class _ProximalTerm(torch.autograd.Function):
@@ -96,7 +96,7 @@ class FedProx(FedAvg):
         self._params: list[torch.Tensor] = []  # w, the client's trainable parameters
         self._anchors: list[torch.Tensor] = []  # w^t, their values when the local fit started
 
-    def on_client_fit_start(self, trainer: FederatedTrainer, module: LightningModule, plan: ClientPlan) -> None:
+    def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._anchors = [p.detach().clone() for p in self._params]
 
@@ -106,5 +106,5 @@ class FedProx(FedAvg):
         assert self._anchors, "FedProx.training_loss ran outside a local fit (on_client_fit_start was not called)"
         return outputs["loss"] + 0.5 * self.mu * proximal_term(self._params, self._anchors)
 
-    def on_client_fit_end(self, trainer: FederatedTrainer, module: LightningModule, update: ClientUpdate) -> None:
+    def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         self._params, self._anchors = [], []

@@ -21,7 +21,7 @@ from fedlight.strategies.fedsls import FedSLS
 if TYPE_CHECKING:
     from lightning import LightningModule
 
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.context import RunContext
 
 
 class FedSL(FedSLS):
@@ -57,9 +57,9 @@ class FedSL(FedSLS):
         )
         self.factor = factor
 
-    def client_saliency(self, trainer: FederatedTrainer, module: LightningModule, client: int) -> float:
+    def client_saliency(self, context: RunContext, module: LightningModule, client: int) -> float:
         """R_k = Σ_i ‖mean_c AvgPool_f(x_i)‖_F over the client's training set."""
         total = 0.0
-        for inputs, _ in self._batches(trainer, client):
+        for inputs, _ in self._batches(context, client):
             total += float(vanilla_latent_norms(inputs, self.factor).sum(dtype=torch.float64))
         return total

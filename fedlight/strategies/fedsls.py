@@ -39,7 +39,7 @@ from fedlight.strategies.base import ClientUpdate, Strategy
 if TYPE_CHECKING:
     from lightning import LightningModule
 
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.context import RunContext
 
 log = logging.getLogger(__name__)
 
@@ -96,59 +96,39 @@ class FedSLS(Strategy):
         self._is_parameter: torch.Tensor | None = None  # [P] bool
 
     # -- saliency weights ------------------------------------------------------------------------------
-    def on_fit_start(self, trainer: FederatedTrainer) -> None:
+    def on_fit_start(self, context: RunContext) -> None:
         """Computes the static R_k of every client (once: a resumed run restores them)."""
-        self._is_parameter = trainer.layout.parameter_mask(trainer.module).to(trainer.global_state.device)
+        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
         if self.mode == "static" and self.saliency is None:
             started = time.perf_counter()
-            self.saliency = self._static_weights(trainer)
+            self.saliency = self._static_weights(context)
             elapsed = time.perf_counter() - started
             log.info("%s: static weights of %d clients in %.1f s", type(self).__name__, len(self.saliency), elapsed)
 
-    def _static_weights(self, trainer: FederatedTrainer) -> torch.Tensor:
-        """R_k of all clients, each after its warm-up from θ^0; the ranks split the clients and sum."""
-        num_clients, fabric = trainer.datamodule.num_clients, trainer.fabric
+    def _static_weights(self, context: RunContext) -> torch.Tensor:
+        """R_k of all clients, each after its warm-up from θ^0 (θ'_k: ``warmup_epochs`` of the engine's local
+        training with a fresh optimizer and full batches only, as MOON's loaders drop a short last batch)."""
+        num_clients, module = context.datamodule.num_clients, context.module
         # one warm-up seed per client from the strategy's stream, the same on every rank
-        seeds = trainer.strategy_rng(0).integers(2**62, size=num_clients)
-        weights = torch.zeros(num_clients, dtype=torch.float64, device=fabric.device)
-        module = trainer.module
-        for client in range(fabric.global_rank, num_clients, fabric.world_size):
-            trainer.layout.load(module, trainer.global_state, trainer.global_integers)  # θ^0
+        seeds = context.strategy_rng(0).integers(2**62, size=num_clients)
+
+        def saliency(client: int) -> float:
+            context.layout.load(module, context.global_state, context.global_integers)  # θ^0
             if self.uses_model and self.warmup_epochs > 0:
-                self._warm_up(trainer, module, client, int(seeds[client]))
-            weights[client] = self.client_saliency(trainer, module, client)
-        if fabric.world_size > 1:
-            weights = fabric.all_reduce(weights, reduce_op="sum")
-        trainer.layout.load(module, trainer.global_state, trainer.global_integers)
-        return weights.cpu()
+                context.local_train(client, self.warmup_epochs, int(seeds[client]), full_batches=True)
+            return self.client_saliency(context, module, client)
 
-    def _warm_up(self, trainer: FederatedTrainer, module: LightningModule, client: int, seed: int) -> None:
-        """θ'_k: ``warmup_epochs`` of the client's local training from θ^0, with a fresh optimizer (full batches)."""
-        precision = trainer.precision
-        torch.manual_seed(seed)
-        generator = torch.Generator().manual_seed(seed)
-        module.train()
-        optimizer = module.configure_optimizers()
-        data = trainer.datamodule
-        full = min(data.batch_size, int(data.num_samples[client]))
-        for _ in range(self.warmup_epochs):
-            for batch in data.train_batches(client, generator):
-                if len(batch[1]) < full:
-                    continue  # a short last batch (of one image, BatchNorm fails) is dropped, as MOON's loaders do
-                batch = precision.convert_input(batch)
-                with precision.forward_context():
-                    loss = module.training_step(batch, 0)["loss"]
-                optimizer.zero_grad(set_to_none=True)
-                trainer.fabric.strategy.backward(loss, module)
-                precision.optimizer_step(optimizer)
+        weights = torch.tensor(context.map_clients(saliency, range(num_clients)), dtype=torch.float64)
+        context.layout.load(module, context.global_state, context.global_integers)
+        return weights
 
-    def client_saliency(self, trainer: FederatedTrainer, module: LightningModule, client: int) -> float:
+    def client_saliency(self, context: RunContext, module: LightningModule, client: int) -> float:
         """R_k = Σ_l τ^{l−1} Σ_i N_{i,l} over the client's training set, with the module's current weights."""
-        precision = trainer.precision
+        precision = context.precision
         was_training = module.training
         module.eval()
         totals: torch.Tensor | None = None  # Σ_i N_{i,l}, [L] float64
-        for inputs, targets in self._batches(trainer, client):
+        for inputs, targets in self._batches(context, client):
             inputs = precision.convert_input(inputs)
             with precision.forward_context():
                 norms = saliency_norms(module, inputs, targets, guided=self.guided)  # [B, L]; forward gives logits
@@ -158,17 +138,17 @@ class FedSLS(Strategy):
         assert totals is not None, f"client {client} has no training samples"
         return float(layer_weights(len(totals), self.tau).to(totals.device) @ totals)
 
-    def _batches(self, trainer: FederatedTrainer, client: int):
+    def _batches(self, context: RunContext, client: int):
         """The client's training set in a fixed order, in batches of at most ``batch_size`` images."""
-        for inputs, targets in trainer.datamodule.client_batches(client):
+        for inputs, targets in context.datamodule.client_batches(client):
             for start in range(0, len(targets), self.batch_size):
                 yield inputs[start : start + self.batch_size], targets[start : start + self.batch_size]
 
     # -- rounds ----------------------------------------------------------------------------------------
-    def on_client_fit_end(self, trainer: FederatedTrainer, module: LightningModule, update: ClientUpdate) -> None:
+    def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         """Dynamic mode: R_k of the trained local model."""
         if self.mode == "dynamic":
-            update.payload["saliency"] = self.client_saliency(trainer, module, update.client)
+            update.payload["saliency"] = self.client_saliency(context, module, update.client)
 
     def client_weights(self, update: ClientUpdate) -> Sequence[float]:
         """R_k (Eq. 9)."""
@@ -187,7 +167,7 @@ class FedSLS(Strategy):
         stepped = global_state + self.server_lr * (aggregate - global_state)
         return torch.where(self._is_parameter, stepped, aggregate)
 
-    def on_round_end(self, trainer: FederatedTrainer, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
+    def on_round_end(self, context: RunContext, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
         """The weights applied this round, R_k / Σ R_k, against FedAvg's n_k / Σ n_k."""
         if not updates:
             return {}

@@ -39,7 +39,7 @@ from fedlight.strategies.fedavg import FedAvg
 if TYPE_CHECKING:
     from lightning import LightningModule
 
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.context import RunContext
 
 
 def model_contrastive_loss(
@@ -106,7 +106,7 @@ class MOON(FedAvg):
         self._has_previous = False
 
     # -- client side -------------------------------------------------------------------------------
-    def on_client_fit_start(self, trainer: FederatedTrainer, module: LightningModule, plan: ClientPlan) -> None:
+    def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
         """Loads W^t (the module's state now) and the client's previous model into the frozen copies."""
         net = _network_of(module)
         if self._layout is None:
@@ -135,23 +135,20 @@ class MOON(FedAvg):
             features, global_features, [previous_features], self.temperature
         )
 
-    def on_client_fit_end(self, trainer: FederatedTrainer, module: LightningModule, update: ClientUpdate) -> None:
+    def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         """Keeps the trained local model as the client's next previous model (if it is finite)."""
         state = self._layout.flatten(_network_of(module)).cpu()
         if bool(torch.isfinite(state).all()):
             self.previous[update.client] = self._fresh[update.client] = state
 
     # -- server side -------------------------------------------------------------------------------
-    def on_round_start(self, trainer: FederatedTrainer, round_idx: int, plans: list[ClientPlan]) -> None:
+    def on_round_start(self, context: RunContext, round_idx: int, plans: list[ClientPlan]) -> None:
         self._fresh = {}
 
-    def on_round_end(self, trainer: FederatedTrainer, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
+    def on_round_end(self, context: RunContext, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
         """With several processes, every rank learns the previous models the others trained this round."""
-        if trainer.fabric.world_size > 1:
-            gathered: list[Any] = [None] * trainer.fabric.world_size
-            torch.distributed.all_gather_object(gathered, self._fresh)
-            for fresh in gathered:
-                self.previous.update(fresh)
+        for fresh in context.all_gather_objects(self._fresh):
+            self.previous.update(fresh)
         self._fresh = {}
         return {"moon/clients_with_previous_model": float(len(self.previous))}
 

@@ -32,8 +32,8 @@ class RoundRecord(RoundCallback):
     def __init__(self):
         self.rounds = {}
 
-    def on_round_end(self, trainer, round_idx, metrics):
-        self.rounds[round_idx] = ([p.client for p in trainer.round_plans], trainer.global_state.clone(), dict(metrics))
+    def on_round_end(self, context, round_idx, metrics):
+        self.rounds[round_idx] = ([p.client for p in context.plans], context.global_state.clone(), dict(metrics))
 
 
 def features(model, data, client, max_samples):

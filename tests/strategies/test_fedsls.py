@@ -20,8 +20,8 @@ class RecordClients(RoundCallback):
     def __init__(self):
         self.rounds = []
 
-    def on_round_end(self, trainer, round_idx, metrics):
-        self.rounds.append([p.client for p in trainer.round_plans])
+    def on_round_end(self, context, round_idx, metrics):
+        self.rounds.append([p.client for p in context.plans])
 
 
 def with_saliency(strategy, values):

@@ -1,0 +1,201 @@
+"""What the hooks of strategies and round callbacks see of a run.
+
+Hooks receive a :class:`RunContext` as their first argument instead of the trainer: a small, documented
+surface (the round, the resident module and its layout, the global state or bank, the data, the random
+streams, the process group and two helpers) that the engine keeps up to date. A hook that needs more than
+this is a sign that the work belongs in the engine.
+
+========================  ====================================================================
+``rounds``, ``round``     T, and the round in progress (or the next one, between rounds)
+``plans``                 the round's :class:`~fedlight.strategies.base.ClientPlan` list
+``module``                the resident client module (one per process, reused by every client)
+``layout``                its federated :class:`~fedlight.state.FlatState`
+``bank``                  the :class:`~fedlight.bank.ModelBank`; ``global_state`` is its W^t
+``global_module()``       the resident module with W^t loaded, in eval mode
+``datamodule``            the federated data (``client_batches``, ``num_samples``, …)
+``precision``             Fabric's precision plugin (``convert_input``, ``forward_context``)
+``rank``, ``world_size``  this process and the number of processes; ``device``
+``round_rng``, …          the derived random streams (``strategy_rng``, ``client_seed``)
+``map_clients(fn, ks)``   runs ``fn(k)`` for this process's share of ``ks``; every process gets all results
+``local_train(...)``      the engine's own local training loop, for warm-ups outside the rounds
+``all_reduce``            sums a tensor over processes
+``run_dir``, ``name``…    where the run writes; ``log_images`` sends pictures to W&B
+========================  ====================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from lightning import LightningModule
+    from lightning.fabric.plugins import Precision
+
+    from fedlight.bank import ModelBank
+    from fedlight.data.datamodule import FederatedDataModule
+    from fedlight.state import FlatState
+    from fedlight.strategies.base import ClientPlan
+
+T = TypeVar("T")
+
+
+class RunContext:
+    """A run as its hooks see it; built by the trainer, read-only for hooks.
+
+    Args:
+        engine: the object that runs the rounds. It is held privately: hooks use the names below.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    # -- the run ---------------------------------------------------------------------------------------
+    @property
+    def rounds(self) -> int:
+        return self._engine.rounds
+
+    @property
+    def round(self) -> int:
+        return self._engine.round
+
+    @property
+    def plans(self) -> list[ClientPlan]:
+        return self._engine.round_plans
+
+    @property
+    def seed(self) -> int:
+        return self._engine.seed
+
+    @property
+    def name(self) -> str:
+        return self._engine.name
+
+    @property
+    def run_dir(self) -> Path | None:
+        return self._engine.run_dir
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        return self._engine.config
+
+    @property
+    def callbacks(self) -> list[Any]:
+        return self._engine.callbacks
+
+    # -- models and data -------------------------------------------------------------------------------
+    @property
+    def module(self) -> LightningModule:
+        return self._engine.module
+
+    @property
+    def layout(self) -> FlatState:
+        return self._engine.layout
+
+    @property
+    def bank(self) -> ModelBank:
+        return self._engine.bank
+
+    @property
+    def global_state(self) -> torch.Tensor:
+        return self._engine.global_state
+
+    @property
+    def global_integers(self) -> dict[str, torch.Tensor]:
+        return self._engine.global_integers
+
+    def global_module(self) -> LightningModule:
+        """The resident module with W^t loaded, in eval mode; the next local fit loads its own state into it."""
+        return self._engine.global_module()
+
+    @property
+    def datamodule(self) -> FederatedDataModule:
+        return self._engine.datamodule
+
+    @property
+    def precision(self) -> Precision:
+        return self._engine.precision
+
+    # -- processes -------------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._engine.fabric.global_rank
+
+    @property
+    def world_size(self) -> int:
+        return self._engine.fabric.world_size
+
+    @property
+    def device(self) -> torch.device:
+        return self._engine.fabric.device
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The sum of ``tensor`` over processes (itself with one process)."""
+        if self.world_size == 1:
+            return tensor
+        return self._engine.fabric.all_reduce(tensor, reduce_op="sum")
+
+    def all_gather_objects(self, obj: Any) -> list[Any]:
+        """Every process's ``obj``, in rank order."""
+        if self.world_size == 1:
+            return [obj]
+        return self._engine.all_gather_objects(obj)
+
+    def map_clients(self, fn: Callable[[int], T], clients: Sequence[int]) -> list[T]:
+        """``[fn(k) for k in clients]``, each computed by one process and handed to all of them.
+
+        Process r computes the clients at positions r, r + world_size, …; results (tensors, numbers,
+        containers of them) travel once, in one gather. Every process must call it with the same clients.
+        """
+        clients = list(clients)
+        mine = {i: fn(clients[i]) for i in range(self.rank, len(clients), self.world_size)}
+        if self.world_size > 1:
+            for shard in self.all_gather_objects(mine):
+                mine.update(shard)
+        return [mine[i] for i in range(len(clients))]
+
+    def sum_over_clients(self, fn: Callable[[int], torch.Tensor], clients: Sequence[int], out: torch.Tensor):
+        """``Σ_k fn(k)`` over ``clients``, added into ``out`` (zeros of the result's shape) and returned.
+
+        Process r adds the clients at positions r, r + world_size, …, and one all-reduce adds the processes'
+        sums, so every process returns the same tensor. Sufficient statistics (feature sums, counts,
+        gradients) of all clients cost one pass over each client's data and one collective.
+        """
+        clients = list(clients)
+        for i in range(self.rank, len(clients), self.world_size):
+            out += fn(clients[i])
+        return self.all_reduce(out)
+
+    def local_train(
+        self, client: int, epochs: int, seed: int, module: LightningModule | None = None, full_batches: bool = True
+    ) -> int:
+        """Trains ``module`` (the resident one by default) on a client's data with the engine's loop.
+
+        A fresh optimizer from ``configure_optimizers``, ``epochs`` epochs of the client's batches shuffled
+        from ``seed`` (which also seeds dropout), the task loss of ``training_step`` alone. With
+        ``full_batches`` an epoch's short last batch is skipped, unless it is all the client has. For
+        warm-ups before the first round (FedSLS's static weights); returns the number of steps.
+        """
+        return self._engine.local_train(module or self.module, client, epochs, seed, full_batches)
+
+    # -- randomness ------------------------------------------------------------------------------------
+    def round_rng(self, round_idx: int) -> np.random.Generator:
+        """The generator of round ``round_idx``'s server-side draws (sampling, stragglers)."""
+        return self._engine.round_rng(round_idx)
+
+    def strategy_rng(self, round_idx: int) -> np.random.Generator:
+        """A generator for a strategy's own server-side draws in round ``round_idx``."""
+        return self._engine.strategy_rng(round_idx)
+
+    def client_seed(self, round_idx: int, client: int) -> int:
+        """The seed of client ``client``'s stream in round ``round_idx``."""
+        return self._engine.client_seed(round_idx, client)
+
+    # -- output ----------------------------------------------------------------------------------------
+    def log_images(self, images: dict[str, list[Any]], step: int) -> None:
+        """Sends images (file paths, arrays or PIL images) to W&B under their keys, from rank 0."""
+        self._engine.log_images(images, step)
