@@ -12,12 +12,15 @@ pieces, independent of how rounds are run:
   paper adds an inter-centroid separation term with a trade-off λ; the official code has none, so the
   default is the code's compactness-only loss and the separation is an option (``separation_weight``).
   The loss reads detached codes: it moves only M, never the head.
-- :func:`correspondence_loss`: FUSS Eqs. 8–10, STEGO's Eq. 4 with its three pairings (the image with
+- :func:`correspondence_loss`: FUSS Eqs. 8–10, in STEGO's form with three pairings (the image with
   itself, with a k-nearest neighbour, with random other images of the batch). The feature correlation F
   is "pointwise"-centred as in the official configurations: for every location of the anchor, the mean
-  of F over the paired image's sampled locations is removed and the mean of all of F added back. So a
-  code correlation is rewarded for exceeding what the anchor location shares with the whole paired
-  image, not just for being large.
+  of F over the paired image's sampled locations is removed and the mean of all of F added back. A pair
+  then counts as similar (F > b) when it is more similar than that anchor location is to the paired
+  image on average, while the level that b is compared with stays the batch's overall one.
+
+The centroid loss takes whatever codes it is given: the official code gives it the anchors' codes only,
+where the paper speaks of the query and support images together.
 
 Negatives come from ``super_perm``: a random permutation of the batch whose fixed points are moved one
 place on (mod B). That removes self-pairs but may pair two anchors with one image; a uniform derangement
@@ -49,7 +52,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class CorrespondenceWeights:
-    """Weights λ and shifts b of the three pairings of the correspondence loss (STEGO Eq. 4).
+    """Weights λ and shifts b of the three pairings of the correspondence loss (FUSS Eq. 10, STEGO's full loss).
 
     Attributes:
         lambda_self: λ_self, the image with itself (``pos_intra_weight``).

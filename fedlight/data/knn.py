@@ -1,6 +1,6 @@
 """Nearest-neighbour lists of a client's images, STEGO's source of positive partners.
 
-STEGO (Hamilton et al. 2022, §3.2) and FUSS pair every training image with one of its nearest neighbours
+STEGO (Hamilton et al. 2022) and FUSS (§5.2) pair every training image with one of its nearest neighbours
 in the frozen backbone's feature space. The lists are computed once per client dataset: each image is
 described by its backbone tokens mean-pooled over space and L2-normalised, and ranked against the
 client's own images by cosine similarity. Training then draws the partner uniformly from ranks

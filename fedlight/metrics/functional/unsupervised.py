@@ -1,12 +1,12 @@
 """Scores of unsupervised segmentation: clusters matched one-to-one to classes by the Hungarian algorithm.
 
 An unsupervised model predicts cluster indices whose order means nothing, so every score first matches
-clusters to classes. As in STEGO (Hamilton et al. 2022) and FUSS (its evaluation, §5), one match is made
+clusters to classes. As in the evaluation code of STEGO (Hamilton et al. 2022) and FUSS, one match is made
 for the whole evaluation set, from one accumulated histogram H with H[k, c] the number of valid pixels of
 true class c put in cluster k:
 
-- the match π maximises the matched pixels Σ_k H[k, π(k)] over one-to-one maps (Kuhn's Hungarian method,
-  ``scipy.optimize.linear_sum_assignment(H, maximize=True)``);
+- the match π maximises the matched pixels Σ_k H[k, π(k)] over one-to-one maps, a linear assignment
+  problem (the "Hungarian match"), solved by ``scipy.optimize.linear_sum_assignment(H, maximize=True)``;
 - with r(c) the cluster matched to class c: TP_c = H[r(c), c], FN_c = Σ_k H[k, c] − TP_c (pixels of c put
   elsewhere) and FP_c = Σ_c' H[r(c), c'] − TP_c (other pixels in c's cluster); IoU_c = TP_c / (TP_c + FP_c +
   FN_c), NaN where the denominator is 0 (class absent from the labels and its cluster empty);
@@ -17,7 +17,7 @@ accuracy's denominator; with fewer, an unmatched class present in the labels get
 
 Histograms of batches, clients and processes add up, so the match and the scores are those of the whole
 set, whatever the split of the work. :func:`per_image_miou` scores every image under a fixed match (the
-set's), which pairs images across two runs for paired tests.
+set's), which pairs images across two runs for paired tests such as FUSS's (§5.4: paired t-test, Wilcoxon).
 """
 
 from __future__ import annotations
