@@ -116,12 +116,13 @@ class ClusterLookup(nn.Module):
     Args:
         num_clusters: n, the number of centroids (27 for Cityscapes and CocoStuff).
         dim: D, the code width.
-        separation_weight: λ of Eq. 5's separation term, the mean cosine similarity of distinct centroids;
-            0 (the official code) leaves it out.
+        separation_weight: λ of Eq. 5's separation term, which we read as the mean cosine similarity of
+            distinct centroids; 0 (the official code) leaves it out.
     """
 
     def __init__(self, num_clusters: int, dim: int, separation_weight: float = 0.0) -> None:
         super().__init__()
+        assert separation_weight == 0 or num_clusters >= 2, "a separation term needs at least two centroids"
         self.clusters = nn.Parameter(torch.randn(num_clusters, dim))
         self.separation_weight = separation_weight
 
@@ -145,7 +146,7 @@ class ClusterLookup(nn.Module):
 
 
 def super_perm(size: int, generator: torch.Generator | None = None, derangement: bool = False) -> Tensor:
-    """Partners ``[size]`` for the negative pairs: never an image itself.
+    """Partners ``[size]`` for the negative pairs: never an image itself when ``size ≥ 2``.
 
     Args:
         size: B, the batch size (≥ 2 when ``derangement``).
