@@ -3,5 +3,6 @@
 from fedlight.metrics import functional
 from fedlight.metrics.classification import GroupedClassification
 from fedlight.metrics.segmentation import GroupedSegmentation
+from fedlight.metrics.unsupervised import UnsupervisedSegmentation
 
-__all__ = ["GroupedClassification", "GroupedSegmentation", "functional"]
+__all__ = ["GroupedClassification", "GroupedSegmentation", "UnsupervisedSegmentation", "functional"]

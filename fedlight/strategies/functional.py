@@ -156,3 +156,71 @@ def fednova_normalizer(steps: int, momentum: float = 0.0, lr_mu: float = 0.0) ->
         if momentum == 0 and lr_mu == 0:
             normalizer += 1.0
     return normalizer
+
+
+def maximin_select(points: torch.Tensor, k: int, start: int = 0) -> torch.Tensor:
+    """FedCC-Maximin (FUSS paper, Eq. 16): ``k`` pooled centroids chosen greedily to be far apart.
+
+    The first pick is row ``start``; every further pick is the pooled row whose smallest Euclidean
+    distance to the rows already picked is the largest (ties go to the lowest index). The paper starts
+    from a random centroid; the official code always starts from the first pooled row (client 0,
+    centroid 0), hence the default. Draw ``start`` from a generator for the paper's variant. The
+    distances are taken on the raw rows, as the official code does, although clients assign pixels
+    by cosine similarity: normalise the rows first to select by angle.
+
+    Args:
+        points: ``[P, D]`` pooled centroids of all clients (Eq. 14), ``P ≥ k``.
+        k: number of global centroids.
+        start: index of the first pick.
+
+    Returns:
+        ``[k, D]`` copies of the selected rows, in the order they were picked.
+
+    Row 0 first, then the farthest row (2), then the row farthest from both (1):
+
+    >>> maximin_select(torch.tensor([[0.0, 0.0], [1.0, 0.0], [5.0, 0.0], [4.0, 0.0]]), 3).tolist()
+    [[0.0, 0.0], [5.0, 0.0], [1.0, 0.0]]
+    """
+    assert points.ndim == 2, f"expected pooled centroids [P, D], got shape {tuple(points.shape)}"
+    assert 1 <= k <= points.shape[0], f"cannot select {k} of {points.shape[0]} pooled centroids"
+    assert 0 <= start < points.shape[0], f"start row {start} out of range for {points.shape[0]} rows"
+    selected = [start]
+    nearest = torch.cdist(points, points[start : start + 1]).squeeze(1)  # [P] distance to the selected set
+    for _ in range(k - 1):
+        pick = int(torch.argmax(nearest))
+        selected.append(pick)
+        nearest = torch.minimum(nearest, torch.cdist(points, points[pick : pick + 1]).squeeze(1))
+    return points[selected].clone()
+
+
+def kmeans_centroids(
+    points: torch.Tensor, k: int, seed: int = 42, n_init: int = 10, normalize: bool = False
+) -> torch.Tensor:
+    """FedCC-kMeans (FUSS paper, Eq. 15): the ``k`` k-means centres of the pooled centroids.
+
+    scikit-learn's ``KMeans`` (k-means++ seeding, ``n_init`` restarts, ``random_state=seed``) on the raw
+    rows, as the official code runs it. With ``normalize`` the rows are L2-normalised first, so that the
+    clustering agrees with the cosine assignment the clients use; the centres are then means of unit
+    vectors and are returned as they are.
+
+    Args:
+        points: ``[P, D]`` pooled centroids of all clients (Eq. 14), ``P ≥ k``.
+        k: number of global centroids.
+        seed: ``random_state`` of ``KMeans`` (42 in the official code).
+        n_init: number of k-means restarts (10 in the official code).
+        normalize: L2-normalise the rows before clustering.
+
+    Returns:
+        ``[k, D]`` cluster centres, in the dtype and on the device of ``points``.
+
+    >>> points = torch.tensor([[0.0, 0.0], [0.0, 2.0], [10.0, 0.0], [10.0, 2.0]])
+    >>> sorted(kmeans_centroids(points, 2).tolist())
+    [[0.0, 1.0], [10.0, 1.0]]
+    """
+    from sklearn.cluster import KMeans  # scikit-learn costs about a second to import; only FedCC needs it
+
+    assert points.ndim == 2, f"expected pooled centroids [P, D], got shape {tuple(points.shape)}"
+    assert 1 <= k <= points.shape[0], f"cannot find {k} clusters among {points.shape[0]} pooled centroids"
+    rows = torch.nn.functional.normalize(points, dim=1) if normalize else points
+    kmeans = KMeans(n_clusters=k, random_state=seed, n_init=n_init).fit(rows.detach().double().cpu().numpy())
+    return torch.as_tensor(kmeans.cluster_centers_, dtype=points.dtype, device=points.device)

@@ -1,0 +1,45 @@
+"""Hungarian-matched mIoU and pixel accuracy of unsupervised segmentation, from one accumulated histogram."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+from fedlight.metrics.functional.unsupervised import cluster_histogram, matched_scores
+
+
+class UnsupervisedSegmentation(Metric):
+    """Scores of cluster maps after matching clusters one-to-one to classes (STEGO's and FUSS's evaluation).
+
+    The state is the ``[K, C]`` histogram of (cluster, true class) over valid pixels; it sums across
+    batches, clients and processes, and ``compute`` makes one Hungarian match for everything seen (see
+    :mod:`fedlight.metrics.functional.unsupervised` for the formulas).
+
+    Args:
+        num_clusters: number of clusters K the model predicts.
+        num_classes: number of true classes C.
+        ignore_index: label of void pixels, which count nowhere.
+
+    >>> metric = UnsupervisedSegmentation(num_clusters=2, num_classes=2)
+    >>> metric.update(torch.tensor([[1, 1, 0, 0]]), torch.tensor([[0, 0, 1, 255]]))
+    >>> out = metric.compute()
+    >>> out["miou"].item(), out["acc"].item(), out["assignment"].tolist()
+    (1.0, 1.0, [1, 0])
+    """
+
+    full_state_update = False
+
+    def __init__(self, num_clusters: int, num_classes: int, ignore_index: int = 255, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.num_clusters, self.num_classes, self.ignore_index = num_clusters, num_classes, ignore_index
+        histogram = torch.zeros(num_clusters, num_classes, dtype=torch.float64)  # [K, C]
+        self.add_state("histogram", default=histogram, dist_reduce_fx="sum")
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        """Adds ``preds`` (``[B, H, W]`` clusters or ``[B, K, H, W]`` scores) against ``target`` ``[B, H, W]``."""
+        clusters = preds.argmax(dim=1) if preds.ndim == target.ndim + 1 else preds
+        self.histogram += cluster_histogram(clusters, target, self.num_clusters, self.num_classes, self.ignore_index)
+
+    def compute(self) -> dict[str, Tensor]:
+        return matched_scores(self.histogram)

@@ -1,0 +1,46 @@
+import torch
+
+from fedlight.metrics import UnsupervisedSegmentation
+from fedlight.metrics.functional.unsupervised import cluster_histogram, matched_scores
+
+
+def _maps(seed: int, shape=(6, 7, 9)):
+    generator = torch.Generator().manual_seed(seed)
+    target = torch.randint(0, 4, shape, generator=generator)
+    # clusters follow the classes through a fixed relabelling, with 30% noise
+    clusters = torch.tensor([2, 0, 3, 1])[target]
+    noise = torch.rand(shape, generator=generator) < 0.3
+    clusters[noise] = torch.randint(0, 4, shape, generator=generator)[noise]
+    target[torch.rand(shape, generator=generator) < 0.1] = 255
+    return clusters, target
+
+
+def test_accumulated_batches_equal_one_histogram_of_everything():
+    clusters, target = _maps(0)
+    metric = UnsupervisedSegmentation(num_clusters=4, num_classes=4)
+    for b in range(0, 6, 2):
+        metric.update(clusters[b : b + 2], target[b : b + 2])
+    out = metric.compute()
+    expected = matched_scores(cluster_histogram(clusters, target, 4, 4))
+    assert out["assignment"].tolist() == [1, 3, 0, 2]  # the inverse of the relabelling
+    torch.testing.assert_close(out["iou"], expected["iou"])
+    torch.testing.assert_close(out["miou"], expected["miou"])
+
+
+def test_states_of_two_clients_merge_into_the_pooled_score():
+    clusters, target = _maps(1)
+    first, second, pooled = (UnsupervisedSegmentation(4, 4) for _ in range(3))
+    first.update(clusters[:2], target[:2])
+    second.update(clusters[2:], target[2:])
+    pooled.update(clusters, target)
+    first.merge_state(second)
+    torch.testing.assert_close(first.compute()["miou"], pooled.compute()["miou"])
+
+
+def test_scores_are_argmaxed_over_the_cluster_axis():
+    clusters, target = _maps(2)
+    scores = torch.nn.functional.one_hot(clusters, 4).permute(0, 3, 1, 2).float()  # [B, K, H, W]
+    from_scores, from_clusters = UnsupervisedSegmentation(4, 4), UnsupervisedSegmentation(4, 4)
+    from_scores.update(scores, target)
+    from_clusters.update(clusters, target)
+    torch.testing.assert_close(from_scores.histogram, from_clusters.histogram)
