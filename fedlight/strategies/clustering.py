@@ -55,7 +55,7 @@ def select_style_clusters(
 
     For each k, scikit-learn's ``KMeans(n_init=N)`` keeps the restart of lowest inertia, i.e. of the
     smallest intra-cluster distance; the silhouette uses Euclidean distances on the raw styles.
-    Ties between k go to the smallest k.
+    Ties between k go to the k tried first.
 
     Args:
         styles: ``[K, D]`` one style per client (27-D for LADD's 3×3 window).
