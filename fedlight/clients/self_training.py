@@ -1,18 +1,18 @@
-"""Self-training on unlabelled clients: LADD's local losses (Shenaj et al., WACV 2023, Secs. 4.1 and 4.3).
+"""Self-training on unlabelled clients: LADD's local losses (Shenaj et al., WACV 2023, Sec. 4.3).
 
 A LADD client has no labels. Its loss is L = L_pseudo + λ_KD·L_KD:
 
 - **pseudo-labels** (:func:`pseudo_label_mask`, :func:`self_training_loss`): the cluster teacher g_c labels
   every pixel with its arg-max class ŷ(p); a label is kept when the teacher is confident (max
   probability above 0.9) or when the pixel is among the most confident 66 % of the pixels given the same
-  class in the same image, the class-balanced thresholding of FDA (Yang & Soatto, CVPR 2020, Sec. 3.3);
+  class in the same image (the thresholds of LADD's code), the rule LADD takes from FDA (Yang & Soatto, CVPR 2020);
 - **knowledge distillation** (:func:`kd_loss`) from the fixed pre-trained model, with soft targets at
   temperature 2 (Hinton et al., 2015), on the pixels whose pre-trained label survives the same rule;
 - **SWA teacher** (:func:`swa_update`): the cluster teachers become running means of the cluster models,
   w_g ← (w_g·n + w_c) / (n + 1) (Sec. 4.3 of the LADD paper, after Izmailov et al., 2018).
 
-The server's supervised pre-training on the source domain uses :func:`hard_negative_mining_ce`, the mean
-of the hardest 25 % of pixel losses of each image.
+LADD's code pre-trains the server's model on the labelled source domain with
+:func:`hard_negative_mining_ce`, the mean of the hardest 25 % of pixel losses of each image.
 
 Functions only, so that the client module and the strategy that owns the teachers can share them.
 """

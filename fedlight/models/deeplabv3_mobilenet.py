@@ -1,6 +1,6 @@
 """DeepLab-V3 (Chen et al., 2017) on a MobileNet-V2 backbone: LADD's segmentation network.
 
-LADD (Shenaj et al., WACV 2023, Sec. 5) uses torchvision's DeepLab-V3 head on the ``features`` of a
+LADD (Shenaj et al., WACV 2023, supplementary S3) uses torchvision's DeepLab-V3 head on the ``features`` of a
 width-1.0 MobileNet-V2 (Sandler et al., 2018) pretrained on ImageNet: the backbone ends in 1280 channels
 at output stride 32, the head is ASPP with rates 12/24/36 and 256 channels, and the logits are
 upsampled bilinearly to the input size.
