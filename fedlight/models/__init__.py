@@ -12,6 +12,7 @@ MOON, FedDecorr, feature discrepancy) can split encoder from classifier without 
 from fedlight.models.celeba_cnn import CelebACNN
 from fedlight.models.cnn import CNN
 from fedlight.models.deeplab import DeepLabV3Plus
+from fedlight.models.deeplabv3_mobilenet import DeepLabV3MobileNetV2
 from fedlight.models.mlp import MLP
 from fedlight.models.registry import create_model, list_models, register_model
 from fedlight.models.resnet import ResNet
@@ -20,6 +21,7 @@ __all__ = [
     "CNN",
     "MLP",
     "CelebACNN",
+    "DeepLabV3MobileNetV2",
     "DeepLabV3Plus",
     "ResNet",
     "create_model",

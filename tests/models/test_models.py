@@ -9,11 +9,12 @@ SHAPES = {
     "cnn": (1, 28, 28),
     "celeba_cnn": (3, 84, 84),
     "deeplabv3plus": (3, 32, 32),
+    "deeplabv3_mobilenetv2": (3, 64, 64),
     "resnet18": (3, 32, 32),
     "resnet50": (3, 32, 32),
 }
-#: Dense models: features [B, D, H/4, W/4] and per-pixel logits [B, C, H, W].
-DENSE = {"deeplabv3plus"}
+#: Dense models and their feature strides: features [B, D, H/s, W/s] and per-pixel logits [B, C, H, W].
+DENSE = {"deeplabv3plus": 4, "deeplabv3_mobilenetv2": 32}
 
 
 @pytest.mark.parametrize("name", list_models())
@@ -22,7 +23,7 @@ def test_every_model_splits_into_features_and_head(name):
     model = create_model(name, input_shape=SHAPES[name], num_classes=7)
     x = torch.randn(3, *SHAPES[name])
     features = model.forward_features(x)
-    spatial = tuple(side // 4 for side in SHAPES[name][1:]) if name in DENSE else ()
+    spatial = tuple(side // DENSE[name] for side in SHAPES[name][1:]) if name in DENSE else ()
     assert features.shape == (3, model.num_features, *spatial)
     model.eval()  # dropout would make the two passes differ
     torch.testing.assert_close(model(x), model.forward_head(model.forward_features(x)))
