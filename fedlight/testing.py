@@ -112,7 +112,7 @@ class KillAfterRound(RoundCallback):
     def __init__(self, round_idx: int) -> None:
         self.round_idx = round_idx
 
-    def on_round_end(self, trainer, round_idx: int, metrics: dict) -> None:
+    def on_round_end(self, context, round_idx: int, metrics: dict) -> None:
         if round_idx == self.round_idx:
             raise Kill
 
@@ -123,6 +123,6 @@ class SigkillAtRound(RoundCallback):
     def __init__(self, round_idx: int) -> None:
         self.round_idx = round_idx
 
-    def on_round_start(self, trainer, round_idx: int) -> None:
+    def on_round_start(self, context, round_idx: int) -> None:
         if round_idx == self.round_idx:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -338,7 +338,7 @@ def run_fedlight(args: argparse.Namespace, work: Workload) -> dict[str, Any] | N
     class TimedFedAvg(FedAvg):
         """FedAvg that clocks each client's inner loop and hands the time over with the client's update."""
 
-        def on_client_fit_start(self, trainer, module, plan) -> None:
+        def on_client_fit_start(self, context, module, plan) -> None:
             synchronize(device)
             self._started = time.perf_counter()
 
@@ -346,12 +346,12 @@ def run_fedlight(args: argparse.Namespace, work: Workload) -> dict[str, Any] | N
             probe.step_dtype = str(outputs["logits"].dtype)  # what precision the client step really ran in
             return outputs["loss"]
 
-        def on_client_fit_end(self, trainer, module, update) -> None:
+        def on_client_fit_end(self, context, module, update) -> None:
             synchronize(device)
             update.payload["train_s"] = time.perf_counter() - self._started
-            update.payload["rank"] = trainer.fabric.global_rank
+            update.payload["rank"] = context.rank
 
-        def on_round_end(self, trainer, round_idx, updates) -> dict[str, float]:
+        def on_round_end(self, context, round_idx, updates) -> dict[str, float]:
             per_rank: dict[int, float] = {}
             for update in updates:
                 per_rank[update.payload["rank"]] = per_rank.get(update.payload["rank"], 0.0) + update.payload["train_s"]
@@ -368,14 +368,14 @@ def run_fedlight(args: argparse.Namespace, work: Workload) -> dict[str, Any] | N
             self.step_dtype = ""
             self.fit_start = self.fit_end = 0.0
 
-        def on_fit_start(self, trainer) -> None:
+        def on_fit_start(self, context) -> None:
             self.fit_start = time.perf_counter()
 
-        def on_round_start(self, trainer, round_idx) -> None:
+        def on_round_start(self, context, round_idx) -> None:
             self.starts.append(time.perf_counter())
             self.stages.append({})
 
-        def on_fit_end(self, trainer) -> None:
+        def on_fit_end(self, context) -> None:
             self.fit_end = time.perf_counter()
 
         # With --start-method fork the rounds run in forked processes; rank 0's probe comes back through these.

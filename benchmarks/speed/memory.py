@@ -70,18 +70,18 @@ def run_child(args: argparse.Namespace) -> dict:
             self.rss: list[float] = []
             self.tensors: dict[int, tuple[int, float]] = {}
 
-        def on_fit_start(self, trainer) -> None:
+        def on_fit_start(self, context) -> None:
             self.start_rss = status_mb("VmRSS")
 
-        def on_round_end(self, trainer, round_idx, metrics) -> None:
+        def on_round_end(self, context, round_idx, metrics) -> None:
             if round_idx + 1 in (10, args.rounds):
                 self.tensors[round_idx + 1] = live_tensors()
 
-        def on_round_start(self, trainer, round_idx) -> None:
+        def on_round_start(self, context, round_idx) -> None:
             if round_idx > 0:
                 self.rss.append(status_mb("VmRSS"))  # after round_idx − 1, its log and checkpoint included
 
-        def on_fit_end(self, trainer) -> None:
+        def on_fit_end(self, context) -> None:
             self.rss.append(status_mb("VmRSS"))
 
     torch.set_num_threads(1)

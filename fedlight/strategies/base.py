@@ -157,7 +157,8 @@ class Strategy:
         """Called on every rank before any client of the round trains."""
 
     def initial_state(self, context: RunContext, plan: ClientPlan, global_state: torch.Tensor) -> torch.Tensor:
-        """Returns the flat state client ``plan.client`` starts from (the global model by default)."""
+        """Returns the flat state client ``plan.client`` starts from: ``global_state`` by default, which is W^t, or
+        for rules with clusters, W^t with the client's cluster values (its member of the bank)."""
         return global_state
 
     def client_teachers(self, context: RunContext, plan: ClientPlan) -> Mapping[str, nn.Module]:
