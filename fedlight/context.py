@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 
     from fedlight.bank import ModelBank
     from fedlight.data.datamodule import FederatedDataModule
+    from fedlight.plans import ClientPlan
     from fedlight.state import FlatState
-    from fedlight.strategies.base import ClientPlan
 
 T = TypeVar("T")
 
