@@ -1,6 +1,7 @@
 """The ``fedlight`` command, run in-process (importing the package once is the slow part)."""
 
 import csv
+import os
 from pathlib import Path
 
 import pytest
@@ -187,8 +188,6 @@ ROWS = [p for p in CONFIGS if "config" in (yaml.safe_load(p.read_text()) or {})]
 
 @pytest.mark.parametrize("path", ROWS, ids=lambda p: str(p.relative_to(REPO)))
 def test_a_row_config_is_its_base_file_plus_its_own_values(path):
-    # A nested section in a row file replaces the whole section of the file it names under `config:`,
-    # with every other value back at its default; rows must change single values only.
     parser = build_parser()
     row = yaml.safe_load(path.read_text())
     base_path = path.parent / row.pop("config")
@@ -203,5 +202,103 @@ def test_a_row_config_is_its_base_file_plus_its_own_values(path):
     # A changed class_path brings the new class's own init_args; everything else stays the base file's.
     replaced = {key.rsplit(".", 1)[0] for key in changes if key.endswith("class_path")}
     for key, value in base.items():
+        if key == "trainer.name":  # each file names its own runs
+            continue
         if key not in changes and not any(key.startswith(f"{section}.") for section in replaced):
             assert got.get(key) == value, f"{key}: base {value!r}, row {got.get(key)!r}"
+
+
+def _printed_config(capsys, *args):
+    with pytest.raises(SystemExit) as exit_info:
+        run(["fit", *args, "--print_config"])
+    assert exit_info.value.code == 0
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+ANALYSIS = str(REPO / "conf/fedproto/analysis.yaml")
+
+
+@pytest.mark.parametrize(
+    ("flags", "name"),
+    [
+        (["--config", SYNTHETIC, "--config", ANALYSIS], "fedavg_delta0"),
+        (["--config", SYNTHETIC, "--config", ANALYSIS, "--trainer.name=mine"], "mine"),
+        (["--config", SYNTHETIC, "--trainer.name=mine", "--config", ANALYSIS], "mine"),
+    ],
+)
+def test_print_config_shows_the_name_of_the_first_config_file_or_the_flag(capsys, flags, name):
+    assert _printed_config(capsys, *flags)["trainer"]["name"] == name
+
+
+def test_a_name_written_in_a_later_file_wins_over_the_first_files_name(tmp_path, capsys):
+    named = tmp_path / "named.yaml"
+    named.write_text("trainer.name: from_file\n")
+    assert _printed_config(capsys, "--config", SYNTHETIC, "--config", str(named))["trainer"]["name"] == "from_file"
+
+
+def test_a_stacked_run_writes_under_the_first_config_files_name(tmp_path):
+    addon = tmp_path / "addon.yaml"
+    addon.write_text("trainer:\n  rounds: 1\n")
+    args = ["fit", "--config", SYNTHETIC, "--config", str(addon), "--trainer.logger=csv", *QUICK]
+    run([*args, f"--trainer.default_root_dir={tmp_path}"])
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == ["fedavg_delta0"]
+    saved = yaml.safe_load((tmp_path / "fedavg_delta0" / "version_0" / "config.yaml").read_text())
+    assert saved["trainer"]["name"] == "fedavg_delta0" and saved["trainer"]["rounds"] == 1
+
+
+DELTA50 = REPO / "conf/fedproto/synthetic/fedavg_delta50.yaml"
+
+
+def _dump(*flags: str) -> dict:
+    parser = build_parser()
+    dumped = yaml.safe_load(parser.dump(parser.parse_args(["fit", *flags])))["fit"]
+    dumped["trainer"].pop("name")  # each file names its own runs
+    return dumped
+
+
+def test_a_nested_section_beside_config_keeps_the_base_files_other_values(tmp_path):
+    row = tmp_path / "row.yaml"
+    # Relative to the file's own folder, not to the working directory.
+    row.write_text(f"config: {os.path.relpath(DELTA50, tmp_path)}\ntrainer:\n  rounds: 3\n")
+    addon = tmp_path / "addon.yaml"
+    addon.write_text("trainer:\n  rounds: 3\n")
+    got = _dump("--config", str(row))
+    assert got["trainer"]["rounds"] == 3
+    assert got["trainer"]["straggler_fraction"] == 0.5  # from fedavg_delta50.yaml
+    assert got["trainer"]["local_epochs"] == 20  # from its own base, base.yaml
+    assert got == _dump("--config", str(DELTA50), "--config", str(addon))
+
+
+def test_config_may_name_several_base_files_applied_in_order(tmp_path):
+    (tmp_path / "a.yaml").write_text("trainer:\n  rounds: 5\n  eval_every: 5\n")
+    (tmp_path / "b.yaml").write_text("trainer.rounds: 7\n")
+    row = tmp_path / "row.yaml"
+    row.write_text(f"config: [{DELTA50}, a.yaml, b.yaml]\ntrainer:\n  checkpoint_every: 7\n")
+    trainer = _dump("--config", str(row))["trainer"]
+    assert (trainer["rounds"], trainer["eval_every"], trainer["checkpoint_every"]) == (7, 5, 7)
+    assert trainer["straggler_fraction"] == 0.5
+
+
+def test_a_dotted_key_into_a_dict_value_of_an_earlier_file_updates_that_dict(tmp_path):
+    addon = tmp_path / "addon.yaml"
+    addon.write_text("model.init_args.model_kwargs.encoder_weights: null\n")
+    stacked = _dump("--config", str(REPO / "conf/fedproto/pascal/base.yaml"), "--config", str(addon))
+    kwargs = stacked["model"]["init_args"]["model_kwargs"]
+    assert kwargs == {"encoder_name": "mobilenet_v2", "encoder_weights": None, "output_stride": 16}
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"row.yaml": "config: row.yaml\n"}, "builds on itself through 'config:' keys"),
+        ({"row.yaml": "config: missing.yaml\n"}, "has 'config: missing.yaml', but"),
+    ],
+)
+def test_a_bad_config_key_ends_in_one_message_naming_the_file(tmp_path, capsys, files, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(tmp_path / "row.yaml")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "row.yaml" in err and "Traceback" not in err
