@@ -2,11 +2,15 @@
 
 import csv
 import os
+import re
+import sys
 from pathlib import Path
 
 import pytest
+import wandb
 import yaml
 
+from fedlight import checkpoint as ckpt_io
 from fedlight.cli import build_parser, main, run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -302,3 +306,114 @@ def test_a_bad_config_key_ends_in_one_message_naming_the_file(tmp_path, capsys, 
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "row.yaml" in err and "Traceback" not in err
+
+
+def test_wandb_mode_disabled_in_the_environment_writes_no_wandb_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    args = ["fit", "--config", SYNTHETIC, "--trainer.rounds=1", "--trainer.logger=[csv,wandb]", *QUICK]
+    run([*args, "--trainer.wandb_mode=offline", f"--trainer.default_root_dir={tmp_path}"])
+    run_dir = tmp_path / "fedavg_delta0" / "version_0"
+    assert (run_dir / "metrics.csv").is_file()
+    assert not (run_dir / "wandb").exists()
+
+
+def _logged_rounds(offline_run: Path) -> list[int]:
+    """The rounds an offline W&B run logged: the values of ``trainer/global_step`` in its history records
+    (protobuf items: the key, then field 16, ``value_json``, as one length byte and the JSON text)."""
+    data = next(offline_run.glob("run-*.wandb")).read_bytes()
+    rounds = set()
+    for match in re.finditer(rb"trainer/global_step\x82\x01(.)", data, flags=re.DOTALL):
+        rounds.add(int(data[match.end() : match.end() + match.group(1)[0]]))
+    return sorted(rounds)
+
+
+def test_a_resumed_run_continues_its_wandb_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    args = ["fit", "--config", SYNTHETIC, "--trainer.logger=[csv,wandb]", *QUICK, "--trainer.checkpoint_every=1"]
+    run([*args, "--trainer.rounds=2", f"--trainer.default_root_dir={tmp_path}"])
+    run_dir = tmp_path / "fedavg_delta0" / "version_0"
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    run([*args, "--trainer.rounds=3", f"--ckpt_path={ckpt}"])
+    wandb.teardown()  # W&B's service writes a finished run's file in the background; this waits for it
+    first, resumed = sorted((run_dir / "wandb").glob("offline-run-*"))  # by start time
+    run_id = first.name.rsplit("-", 1)[1]
+    assert resumed.name.endswith(f"-{run_id}")  # the same W&B run, in a second offline folder
+    assert (_logged_rounds(first), _logged_rounds(resumed)) == ([0, 1], [2])
+
+
+def _help(capsys, *args: str) -> str:
+    with pytest.raises(SystemExit):
+        run(["fit", *args])
+    return " ".join(capsys.readouterr().out.split())  # undo the line wrapping
+
+
+def test_help_is_plain_text_without_docstring_markup(capsys):
+    text = _help(capsys, "--help")
+    assert ":class:" not in text and "``" not in text
+    assert "round callbacks (RoundCallback): analyses" in text
+    assert "write checkpoints/last.ckpt every this many rounds" in text
+
+
+def test_help_marks_model_as_required_without_a_default(capsys):
+    text = _help(capsys, "--help")
+    start = text.index("for any subclass of FederatedClient.")  # the help of --model, not the usage line
+    model = text[start : text.index(")", start)]
+    assert "(required, type:" in model and "default: null" not in model
+
+
+def test_help_documents_the_wandb_options(capsys):
+    text = _help(capsys, "--help")
+    for flag, doc in [
+        ("--trainer.wandb_tags", "W&B tags of the run"),
+        ("--trainer.wandb_group", "W&B group"),
+        ("--trainer.wandb_entity", "WANDB_ENTITY"),
+        ("--trainer.wandb_notes", "shown in W&B"),
+        ("--trainer.wandb_project", "WANDB_PROJECT"),
+    ]:
+        assert flag in text and doc in text
+
+
+@pytest.mark.parametrize("client", ["ClassificationClient", "SegmentationClient"])
+def test_model_help_lists_the_registered_networks(capsys, client):
+    text = _help(capsys, f"--model.help={client}")
+    entry = text[text.index("--model.model MODEL") :]
+    assert "Registered: celeba_cnn, cnn, deeplabv3plus, mlp, resnet18, resnet50; or an import path" in entry
+
+
+def _readme_section(title: str) -> str:
+    readme = (REPO / "README.md").read_text()
+    start = readme.index(f"### {title}\n")
+    return readme[start : readme.find("\n#", start + 4)]
+
+
+def test_the_readmes_own_network_trains_by_import_path_from_the_working_directory(tmp_path, monkeypatch):
+    section = _readme_section("Your own network")
+    code = re.search(r"```python\n(.*?)```", section, flags=re.DOTALL).group(1)
+    module, name = re.search(r"--model\.init_args\.model=(\w+)\.(\w+)", section).groups()
+    (tmp_path / f"{module}.py").write_text(code)
+    # As the console script starts: its own folder on sys.path, not the working directory.
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.chdir(tmp_path)
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "conf/digits/fedavg.yaml"),
+            f"--model.init_args.model={module}.{name}",
+            "--model.init_args.model_kwargs={width: 32}",
+            "--trainer.rounds=1",
+            "--trainer.logger=csv",
+            *QUICK,
+        ]
+    )
+    monkeypatch.delitem(sys.modules, module)
+    state = ckpt_io.load(tmp_path / "runs" / "fedavg" / "version_0" / "checkpoints" / "last.ckpt")["global_state"]
+    shapes = {key: tuple(value.shape) for key, value in state.items()}
+    # 8×8 digits flattened into the README's encoder of width 32, then 10 logits
+    assert shapes == {
+        "net.encoder.1.weight": (32, 64),
+        "net.encoder.1.bias": (32,),
+        "net.head.weight": (10, 32),
+        "net.head.bias": (10,),
+    }
