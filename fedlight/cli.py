@@ -142,7 +142,7 @@ class _HelpFormatter(DefaultHelpFormatter):
     """
 
     required = frozenset({"model"})
-    model_names = frozenset({"model.model", "model.init_args.model"})
+    model_names = frozenset({"model.model"})  # --model.init_args.model, as `--model.help <client>` shows it
 
     def _get_help_string(self, action) -> str:
         saved = action.help, action.required
