@@ -53,15 +53,15 @@ class StackedConfigFile(ActionConfigFile):
     """
 
     def __call__(self, parser, cfg, values, option_string=None):
-        given = cfg.get(self.dest)
-        given = list(given) if isinstance(given, list) else []
         path = Path(str(values))
-        if not given and path.is_file():
-            # Set before the file is applied, so a name in any file or a later flag still wins.
-            cfg["trainer.name"] = path.stem
         if not path.is_file():  # a YAML string, or a missing file that jsonargparse reports
             super().__call__(parser, cfg, values, option_string)
             return
+        given = cfg.get(self.dest)
+        given = list(given) if isinstance(given, list) else []
+        if not given:
+            # Set before the file is applied, so a name in any file or a later flag still wins.
+            cfg["trainer.name"] = path.stem
         _apply_stacked(parser, cfg, self.dest, path, chain=())
         # The stack is one file to the user: --print_config and the run list what was given.
         cfg[self.dest] = [*given, ConfigPath(str(path), mode="fr")]
