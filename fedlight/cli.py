@@ -188,7 +188,14 @@ def _subcommand_parser(description: str) -> ArgumentParser:
     )
     # The seed is the top-level seed_everything.
     parser.add_class_arguments(FederatedTrainer, "trainer", skip={"seed"})
-    parser.add_subclass_arguments(FederatedClient, "model", required=True)
+    parser.add_subclass_arguments(
+        FederatedClient,
+        "model",
+        required=True,
+        help="The client task module, a subclass of %(baseclass_name)s given by class_path and init_args. Its "
+        f"network, --model.init_args.model, is one of {', '.join(list_models())} or an import path "
+        "(mypkg.MyNet); --model.help ClassificationClient lists every option of that client.",
+    )
     parser.add_class_arguments(FederatedDataModule, "data")
     # The data decide the model's output and input sizes, as LightningCLI's examples link them.
     parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")

@@ -356,8 +356,8 @@ def test_help_is_plain_text_without_docstring_markup(capsys):
 
 def test_help_marks_model_as_required_without_a_default(capsys):
     text = _help(capsys, "--help")
-    start = text.index("for any subclass of FederatedClient.")  # the help of --model, not the usage line
-    model = text[start : text.index(")", start)]
+    start = text.index("The client task module")  # the help of --model, not the usage line
+    model = text[start : text.index("known subclasses", start)]
     assert "(required, type:" in model and "default: null" not in model
 
 
@@ -378,6 +378,12 @@ def test_model_help_lists_the_registered_networks(capsys, client):
     text = _help(capsys, f"--model.help={client}")
     entry = text[text.index("--model.model MODEL") :]
     assert "Registered: celeba_cnn, cnn, deeplabv3plus, mlp, resnet18, resnet50; or an import path" in entry
+
+
+def test_fit_help_names_the_registered_networks_under_model(capsys):
+    text = _help(capsys, "--help")
+    start = text.index("The client task module")
+    assert "--model.init_args.model, is one of celeba_cnn, cnn, deeplabv3plus, mlp" in text[start : start + 300]
 
 
 def _readme_section(title: str) -> str:
