@@ -9,22 +9,31 @@ them override both::
     fedlight fit --config conf/fedproto/synthetic/fedavg_delta0.yaml --print_config
     fedlight validate --config conf/fedproto/synthetic/fedavg_delta0.yaml --ckpt_path runs/.../last.ckpt
 
+A file may build on others with a top-level ``config:`` key (a path relative to the file, or a list of
+them): those files are stacked before it exactly as if they had been given with ``--config`` first. A run
+is named after the first ``--config`` file unless ``--trainer.name`` says otherwise.
+
 The command is a plain jsonargparse parser rather than ``LightningCLI``: the trainer is not a
 Lightning ``Trainer`` subclass, and importing ``lightning.pytorch.cli`` costs seconds per process.
 """
 
 from __future__ import annotations
 
+import copy
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter, Namespace
+from jsonargparse import Path as ConfigPath
 
 from fedlight.clients.base import FederatedClient
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.errors import ConfigError
+from fedlight.models import list_models
 from fedlight.strategies.base import Strategy
 from fedlight.trainer import FederatedTrainer
 
@@ -35,9 +44,142 @@ SUBCOMMANDS = {
 }
 
 
+class StackedConfigFile(ActionConfigFile):
+    """``--config``, where a file's top-level ``config:`` key stacks the files it names before the file.
+
+    jsonargparse applies such a key inside the file, where a nested section (``trainer: {rounds: 3}``)
+    replaces the base file's whole section; stacking the files instead merges them key by key, as
+    ``--config base.yaml --config row.yaml`` does. The run's default name is the first file's name.
+    """
+
+    def __call__(self, parser, cfg, values, option_string=None):
+        path = Path(str(values))
+        if not path.is_file():  # a YAML string, or a missing file that jsonargparse reports
+            super().__call__(parser, cfg, values, option_string)
+            return
+        given = cfg.get(self.dest)
+        given = list(given) if isinstance(given, list) else []
+        if not given:
+            # Set before the file is applied, so a name in any file or a later flag still wins.
+            cfg["trainer.name"] = path.stem
+        _apply_stacked(parser, cfg, self.dest, path, chain=())
+        # The stack is one file to the user: --print_config and the run list what was given.
+        cfg[self.dest] = [*given, ConfigPath(str(path), mode="fr")]
+
+
+def _apply_stacked(parser: ArgumentParser, cfg: Namespace, dest: str, path: Path, chain: tuple[Path, ...]) -> None:
+    """Applies the files that ``path`` names under ``config:``, recursively, then ``path`` itself."""
+    resolved = path.resolve()
+    if resolved in chain:
+        cycle = " → ".join(str(p) for p in (*chain, resolved))
+        raise ConfigError(f"--config {chain[0]} builds on itself through 'config:' keys: {cycle}. Remove one of them.")
+    content = yaml.safe_load(path.read_text())
+    if not isinstance(content, dict):  # jsonargparse reports what is wrong with it
+        ActionConfigFile.apply_config(parser, cfg, dest, str(path))
+        return
+    bases = content.pop("config", None)
+    for base in [bases] if isinstance(bases, str) else list(bases or []):
+        base_path = path.parent / str(base)  # an absolute base stays absolute
+        if not base_path.is_file():
+            raise ConfigError(f"{path} has 'config: {base}', but {base_path} does not exist. Fix the path in {path}.")
+        _apply_stacked(parser, cfg, dest, base_path, (*chain, resolved))
+    rest = _into_dicts(content, cfg)
+    if bases is None and rest == content:
+        ActionConfigFile.apply_config(parser, cfg, dest, str(path))  # as written, so errors name the file
+    elif rest:
+        ActionConfigFile.apply_config(parser, cfg, dest, yaml.safe_dump(rest, sort_keys=False))
+
+
+def _into_dicts(content: dict[str, Any], cfg: Namespace) -> dict[str, Any]:
+    """``content`` with each dotted key that reaches into a dict-typed value already set in ``cfg``
+    (``model.init_args.model_kwargs.encoder_weights``) turned into that whole value, updated.
+
+    jsonargparse resolves such a key only within the file that set the dict; a later file would
+    replace the dict with a namespace of the one key.
+    """
+    out: dict[str, Any] = {}
+    for key, value in content.items():
+        parts = key.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            prefix = ".".join(parts[:cut])
+            current = out.get(prefix, _get(cfg, prefix))
+            if isinstance(current, dict):
+                updated = copy.deepcopy(current)
+                leaf = updated
+                for part in parts[cut:-1]:
+                    leaf = leaf.setdefault(part, {})
+                leaf[parts[-1]] = value
+                out[prefix] = updated
+                break
+        else:
+            out[key] = value
+    return out
+
+
+def _get(cfg: Namespace, key: str) -> Any:
+    try:
+        return cfg.get(key)
+    except (KeyError, AttributeError, TypeError):
+        return None
+
+
+def _plain(text: str) -> str:
+    """Docstring text without reST markup: ``:class:`~a.B``` → ``B``, double backticks dropped.
+
+    >>> _plain("a :class:`~fedlight.callbacks.RoundCallback`, :func:`f <x.f>` and ``csv``")
+    'a RoundCallback, f and csv'
+    """
+    text = re.sub(r":[\w:]+:`~[\w.]*?(\w+)`", r"\1", text)
+    text = re.sub(r":[\w:]+:`([^`<]+?)\s*(<[^`]*>)?`", r"\1", text)
+    return text.replace("``", "")
+
+
+class _HelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help, in plain text, with required options marked as such and the models listed.
+
+    jsonargparse keeps the required-ness of ``--model`` in the parser, not in its argparse action, so its
+    help would otherwise show ``default: null``.
+    """
+
+    required = frozenset({"model"})
+    model_names = frozenset({"model.model"})  # --model.init_args.model, as `--model.help <client>` shows it
+
+    def _get_help_string(self, action) -> str:
+        saved = action.help, action.required
+        if action.dest in self.model_names:
+            action.help = f"{action.help} Registered: {', '.join(list_models())}; or an import path (mypkg.MyNet)."
+        action.required = action.required or action.dest in self.required
+        try:
+            return super()._get_help_string(action)
+        finally:
+            action.help, action.required = saved
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return super()._split_lines(_plain(text), width)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return super()._fill_text(_plain(text), width, indent)
+
+    def start_section(self, heading: str | None) -> None:
+        super().start_section(_plain(heading) if heading else heading)
+
+
+class _Parser(ArgumentParser):
+    """jsonargparse's parser with fedlight's help; the parsers that jsonargparse derives (``--model.help``) keep it."""
+
+    def __init__(self, *args: Any, formatter_class: type = _HelpFormatter, **kwargs: Any) -> None:
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+
 def _subcommand_parser(description: str) -> ArgumentParser:
-    parser = ArgumentParser(description=description)
-    parser.add_argument("-c", "--config", action=ActionConfigFile, help="A YAML config; may be given several times.")
+    parser = _Parser(description=description)
+    parser.add_argument(
+        "-c",
+        "--config",
+        action=StackedConfigFile,
+        help="A YAML config; may be given several times, later files override earlier ones. "
+        "The run is named after the first one unless --trainer.name is given.",
+    )
     parser.add_argument(
         "--seed_everything",
         type=int,
@@ -46,7 +188,14 @@ def _subcommand_parser(description: str) -> ArgumentParser:
     )
     # The seed is the top-level seed_everything.
     parser.add_class_arguments(FederatedTrainer, "trainer", skip={"seed"})
-    parser.add_subclass_arguments(FederatedClient, "model", required=True)
+    parser.add_subclass_arguments(
+        FederatedClient,
+        "model",
+        required=True,
+        help="The client task module, a subclass of %(baseclass_name)s given by class_path and init_args. Its "
+        f"network, --model.init_args.model, is one of {', '.join(list_models())} or an import path "
+        "(mypkg.MyNet); --model.help ClassificationClient lists every option of that client.",
+    )
     parser.add_class_arguments(FederatedDataModule, "data")
     # The data decide the model's output and input sizes, as LightningCLI's examples link them.
     parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
@@ -63,7 +212,7 @@ def _subcommand_parser(description: str) -> ArgumentParser:
 
 def build_parser() -> ArgumentParser:
     """The ``fedlight`` parser with its three subcommands."""
-    parser = ArgumentParser(
+    parser = _Parser(
         prog="fedlight",
         description="Federated learning of vision models on Lightning Fabric. "
         "Run 'fedlight fit --help' for every option.",
@@ -82,8 +231,6 @@ def run(args: list[str] | None = None) -> dict[str, float]:
     cfg = parser.parse_args(args)
     name = cfg.subcommand
     sub_cfg: Namespace = cfg[name]
-    if sub_cfg.trainer.name == "fedlight" and sub_cfg.config:
-        sub_cfg.trainer.name = Path(str(sub_cfg.config[-1])).stem
     resolved = _resolved_config(parser, cfg, name)
     lightning.seed_everything(sub_cfg.seed_everything, verbose=False)
     try:
@@ -114,6 +261,11 @@ def _config_error_in(err: BaseException) -> ConfigError | None:
 
 def main(args: list[str] | None = None) -> None:
     """Console entry point: errors a user can fix are printed as one message, without a traceback."""
+    # A console script's sys.path starts with its own folder, not the working directory that
+    # `python -m fedlight` puts first: import paths like --model.init_args.model=mypkg.MyNet need it.
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
     try:
         run(args)
     except ConfigError as err:

@@ -45,33 +45,65 @@ class RoundCSV:
         os.replace(tmp, self.path)
 
 
+WandbMode = Literal["offline", "online", "disabled"]
+
+
 def wandb_logger(
     run_dir: Path,
-    project: str,
     name: str,
     run_id: str,
-    mode: Literal["offline", "online", "disabled"],
     config: dict[str, Any] | None,
+    *,
+    project: str | None = None,
+    entity: str | None = None,
+    mode: WandbMode | None = None,
+    group: str | None = None,
+    tags: list[str] | None = None,
+    notes: str | None = None,
 ):
-    """A Lightning ``WandbLogger`` writing under ``run_dir``, resuming ``run_id`` if it exists.
+    """A Lightning ``WandbLogger`` writing under ``run_dir``, continuing run ``run_id`` if it exists.
 
-    The round is the step of every logged value, so the round is the x-axis of every curve.
+    W&B's environment variables apply as in any W&B program: ``WANDB_MODE=disabled`` turns W&B off
+    whatever the config says, and ``WANDB_MODE``, ``WANDB_PROJECT`` and ``WANDB_ENTITY`` fill in what
+    the config leaves unset. The round is the x-axis of every curve
+    (``trainer/global_step``), so a resumed run continues its curves where the checkpoint left them.
+
+    Returns:
+        The logger, or ``None`` when W&B is disabled.
     """
+    mode = resolve_wandb_mode(mode)
+    if mode == "disabled":
+        return None
     from lightning.pytorch.loggers import WandbLogger
 
     os.environ.setdefault("WANDB_SILENT", "true")
+    # No `offline=True`: Lightning would then set WANDB_MODE in this process's environment for good.
     logger = WandbLogger(
-        project=project,
+        project=project or os.environ.get("WANDB_PROJECT") or "fedlight",
+        entity=entity,  # None: wandb reads WANDB_ENTITY, else the account's default entity
         name=name,
         id=run_id,
         save_dir=str(run_dir),
-        offline=mode == "offline",
         mode=mode,
         resume="allow",
+        group=group,
+        tags=tags,
+        notes=notes,
     )
     if config is not None:
         logger.log_hyperparams(config)
     return logger
+
+
+def resolve_wandb_mode(mode: WandbMode | None) -> WandbMode:
+    """The W&B mode of a run: ``WANDB_MODE=disabled`` always wins, then ``mode``, then ``WANDB_MODE``, else offline."""
+    env = os.environ.get("WANDB_MODE", "").lower()
+    if env == "disabled":  # W&B's switch for turning it off in CI and tests
+        return "disabled"
+    if mode is not None:
+        return mode
+    # W&B's older spellings of the same modes.
+    return {"online": "online", "run": "online", "offline": "offline", "dryrun": "offline"}.get(env, "offline")
 
 
 def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:

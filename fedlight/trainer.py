@@ -94,11 +94,16 @@ class FederatedTrainer:
             convolutions on GPUs under mixed precision, run faster in it; results then differ from the
             default layout by float rounding. Models without 4-D weights are unaffected.
         default_root_dir: where runs go: ``<default_root_dir>/<name>/version_<n>/``.
-        name: the experiment's folder name and W&B run name (the command line uses the config file's name).
+        name: the experiment's folder name and W&B run name (the command line uses the first config file's name).
         logger: where per-round metrics go besides the progress bar: ``csv`` (``metrics.csv``) and/or
             ``wandb``.
-        wandb_project: W&B project.
-        wandb_mode: ``offline`` needs no account or network (upload later with ``wandb sync``).
+        wandb_project: W&B project; unset, ``WANDB_PROJECT`` or else ``fedlight``.
+        wandb_entity: W&B user or team that owns the run; unset, ``WANDB_ENTITY`` or else your default entity.
+        wandb_mode: ``offline`` needs no account or network (upload later with ``wandb sync``); unset,
+            ``WANDB_MODE`` or else ``offline``. ``WANDB_MODE=disabled`` turns W&B off whatever this says.
+        wandb_group: W&B group, to see runs together (e.g. the seeds of one table row).
+        wandb_tags: W&B tags of the run, for filtering in the W&B interface.
+        wandb_notes: a longer description of the run, shown in W&B.
         enable_progress_bar: show progress over rounds and over the clients of a round.
         callbacks: round callbacks (:class:`~fedlight.callbacks.RoundCallback`): analyses and pictures
             between rounds, each with its own cadence; what they add to a round's metrics is logged.
@@ -129,8 +134,12 @@ class FederatedTrainer:
         default_root_dir: str | Path = "runs",
         name: str = "fedlight",
         logger: list[LoggerName] | LoggerName | None = ("csv", "wandb"),
-        wandb_project: str = "fedlight",
-        wandb_mode: Literal["offline", "online", "disabled"] = "offline",
+        wandb_project: str | None = None,
+        wandb_entity: str | None = None,
+        wandb_mode: Literal["offline", "online", "disabled"] | None = None,
+        wandb_group: str | None = None,
+        wandb_tags: list[str] | None = None,
+        wandb_notes: str | None = None,
         enable_progress_bar: bool = True,
         callbacks: list[RoundCallback] | None = None,
         seed: int | None = None,
@@ -185,7 +194,11 @@ class FederatedTrainer:
         self.name = name
         self.loggers = [logger] if isinstance(logger, str) else list(logger or [])
         self.wandb_project = wandb_project
+        self.wandb_entity = wandb_entity
         self.wandb_mode = wandb_mode
+        self.wandb_group = wandb_group
+        self.wandb_tags = wandb_tags
+        self.wandb_notes = wandb_notes
         self.enable_progress_bar = enable_progress_bar
         # The command line seeds everything before instantiating anything; PL_GLOBAL_SEED is that seed.
         self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
@@ -439,7 +452,16 @@ class FederatedTrainer:
             self._csv = RoundCSV(self.run_dir / "metrics.csv", self.history)
         if "wandb" in self.loggers:
             self._wandb = wandb_logger(
-                self.run_dir, self.wandb_project, self.name, self.wandb_id, self.wandb_mode, self.config
+                self.run_dir,
+                self.name,
+                self.wandb_id,
+                self.config,
+                project=self.wandb_project,
+                entity=self.wandb_entity,
+                mode=self.wandb_mode,
+                group=self.wandb_group,
+                tags=self.wandb_tags,
+                notes=self.wandb_notes,
             )
 
     # -- one round -----------------------------------------------------------------------------------

@@ -1,11 +1,16 @@
 """The ``fedlight`` command, run in-process (importing the package once is the slow part)."""
 
 import csv
+import os
+import re
+import sys
 from pathlib import Path
 
 import pytest
+import wandb
 import yaml
 
+from fedlight import checkpoint as ckpt_io
 from fedlight.cli import build_parser, main, run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,8 +192,6 @@ ROWS = [p for p in CONFIGS if "config" in (yaml.safe_load(p.read_text()) or {})]
 
 @pytest.mark.parametrize("path", ROWS, ids=lambda p: str(p.relative_to(REPO)))
 def test_a_row_config_is_its_base_file_plus_its_own_values(path):
-    # A nested section in a row file replaces the whole section of the file it names under `config:`,
-    # with every other value back at its default; rows must change single values only.
     parser = build_parser()
     row = yaml.safe_load(path.read_text())
     base_path = path.parent / row.pop("config")
@@ -203,5 +206,220 @@ def test_a_row_config_is_its_base_file_plus_its_own_values(path):
     # A changed class_path brings the new class's own init_args; everything else stays the base file's.
     replaced = {key.rsplit(".", 1)[0] for key in changes if key.endswith("class_path")}
     for key, value in base.items():
+        if key == "trainer.name":  # each file names its own runs
+            continue
         if key not in changes and not any(key.startswith(f"{section}.") for section in replaced):
             assert got.get(key) == value, f"{key}: base {value!r}, row {got.get(key)!r}"
+
+
+def _printed_config(capsys, *args):
+    with pytest.raises(SystemExit) as exit_info:
+        run(["fit", *args, "--print_config"])
+    assert exit_info.value.code == 0
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+ANALYSIS = str(REPO / "conf/fedproto/analysis.yaml")
+
+
+@pytest.mark.parametrize(
+    ("flags", "name"),
+    [
+        (["--config", SYNTHETIC, "--config", ANALYSIS], "fedavg_delta0"),
+        (["--config", SYNTHETIC, "--config", ANALYSIS, "--trainer.name=mine"], "mine"),
+        (["--config", SYNTHETIC, "--trainer.name=mine", "--config", ANALYSIS], "mine"),
+    ],
+)
+def test_print_config_shows_the_name_of_the_first_config_file_or_the_flag(capsys, flags, name):
+    assert _printed_config(capsys, *flags)["trainer"]["name"] == name
+
+
+def test_a_name_written_in_a_later_file_wins_over_the_first_files_name(tmp_path, capsys):
+    named = tmp_path / "named.yaml"
+    named.write_text("trainer.name: from_file\n")
+    assert _printed_config(capsys, "--config", SYNTHETIC, "--config", str(named))["trainer"]["name"] == "from_file"
+
+
+def test_a_stacked_run_writes_under_the_first_config_files_name(tmp_path):
+    addon = tmp_path / "addon.yaml"
+    addon.write_text("trainer:\n  rounds: 1\n")
+    args = ["fit", "--config", SYNTHETIC, "--config", str(addon), "--trainer.logger=csv", *QUICK]
+    run([*args, f"--trainer.default_root_dir={tmp_path}"])
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == ["fedavg_delta0"]
+    saved = yaml.safe_load((tmp_path / "fedavg_delta0" / "version_0" / "config.yaml").read_text())
+    assert saved["trainer"]["name"] == "fedavg_delta0" and saved["trainer"]["rounds"] == 1
+
+
+DELTA50 = REPO / "conf/fedproto/synthetic/fedavg_delta50.yaml"
+
+
+def _dump(*flags: str) -> dict:
+    parser = build_parser()
+    dumped = yaml.safe_load(parser.dump(parser.parse_args(["fit", *flags])))["fit"]
+    dumped["trainer"].pop("name")  # each file names its own runs
+    return dumped
+
+
+def test_a_nested_section_beside_config_keeps_the_base_files_other_values(tmp_path):
+    row = tmp_path / "row.yaml"
+    # Relative to the file's own folder, not to the working directory.
+    row.write_text(f"config: {os.path.relpath(DELTA50, tmp_path)}\ntrainer:\n  rounds: 3\n")
+    addon = tmp_path / "addon.yaml"
+    addon.write_text("trainer:\n  rounds: 3\n")
+    got = _dump("--config", str(row))
+    assert got["trainer"]["rounds"] == 3
+    assert got["trainer"]["straggler_fraction"] == 0.5  # from fedavg_delta50.yaml
+    assert got["trainer"]["local_epochs"] == 20  # from its own base, base.yaml
+    assert got == _dump("--config", str(DELTA50), "--config", str(addon))
+
+
+def test_config_may_name_several_base_files_applied_in_order(tmp_path):
+    (tmp_path / "a.yaml").write_text("trainer:\n  rounds: 5\n  eval_every: 5\n")
+    (tmp_path / "b.yaml").write_text("trainer.rounds: 7\n")
+    row = tmp_path / "row.yaml"
+    row.write_text(f"config: [{DELTA50}, a.yaml, b.yaml]\ntrainer:\n  checkpoint_every: 7\n")
+    trainer = _dump("--config", str(row))["trainer"]
+    assert (trainer["rounds"], trainer["eval_every"], trainer["checkpoint_every"]) == (7, 5, 7)
+    assert trainer["straggler_fraction"] == 0.5
+
+
+def test_a_dotted_key_into_a_dict_value_of_an_earlier_file_updates_that_dict(tmp_path):
+    addon = tmp_path / "addon.yaml"
+    addon.write_text("model.init_args.model_kwargs.encoder_weights: null\n")
+    stacked = _dump("--config", str(REPO / "conf/fedproto/pascal/base.yaml"), "--config", str(addon))
+    kwargs = stacked["model"]["init_args"]["model_kwargs"]
+    assert kwargs == {"encoder_name": "mobilenet_v2", "encoder_weights": None, "output_stride": 16}
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"row.yaml": "config: row.yaml\n"}, "builds on itself through 'config:' keys"),
+        ({"row.yaml": "config: missing.yaml\n"}, "has 'config: missing.yaml', but"),
+    ],
+)
+def test_a_bad_config_key_ends_in_one_message_naming_the_file(tmp_path, capsys, files, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(tmp_path / "row.yaml")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "row.yaml" in err and "Traceback" not in err
+
+
+def test_wandb_mode_disabled_in_the_environment_writes_no_wandb_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    args = ["fit", "--config", SYNTHETIC, "--trainer.rounds=1", "--trainer.logger=[csv,wandb]", *QUICK]
+    run([*args, "--trainer.wandb_mode=offline", f"--trainer.default_root_dir={tmp_path}"])
+    run_dir = tmp_path / "fedavg_delta0" / "version_0"
+    assert (run_dir / "metrics.csv").is_file()
+    assert not (run_dir / "wandb").exists()
+
+
+def _logged_rounds(offline_run: Path) -> list[int]:
+    """The rounds an offline W&B run logged: the values of ``trainer/global_step`` in its history records
+    (protobuf items: the key, then field 16, ``value_json``, as one length byte and the JSON text)."""
+    data = next(offline_run.glob("run-*.wandb")).read_bytes()
+    rounds = set()
+    for match in re.finditer(rb"trainer/global_step\x82\x01(.)", data, flags=re.DOTALL):
+        rounds.add(int(data[match.end() : match.end() + match.group(1)[0]]))
+    return sorted(rounds)
+
+
+def test_a_resumed_run_continues_its_wandb_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    args = ["fit", "--config", SYNTHETIC, "--trainer.logger=[csv,wandb]", *QUICK, "--trainer.checkpoint_every=1"]
+    run([*args, "--trainer.rounds=2", f"--trainer.default_root_dir={tmp_path}"])
+    run_dir = tmp_path / "fedavg_delta0" / "version_0"
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    run([*args, "--trainer.rounds=3", f"--ckpt_path={ckpt}"])
+    wandb.teardown()  # W&B's service writes a finished run's file in the background; this waits for it
+    first, resumed = sorted((run_dir / "wandb").glob("offline-run-*"))  # by start time
+    run_id = first.name.rsplit("-", 1)[1]
+    assert resumed.name.endswith(f"-{run_id}")  # the same W&B run, in a second offline folder
+    assert (_logged_rounds(first), _logged_rounds(resumed)) == ([0, 1], [2])
+
+
+def _help(capsys, *args: str) -> str:
+    with pytest.raises(SystemExit):
+        run(["fit", *args])
+    return " ".join(capsys.readouterr().out.split())  # undo the line wrapping
+
+
+def test_help_is_plain_text_without_docstring_markup(capsys):
+    text = _help(capsys, "--help")
+    assert ":class:" not in text and "``" not in text
+    assert "round callbacks (RoundCallback): analyses" in text
+    assert "write checkpoints/last.ckpt every this many rounds" in text
+
+
+def test_help_marks_model_as_required_without_a_default(capsys):
+    text = _help(capsys, "--help")
+    start = text.index("The client task module")  # the help of --model, not the usage line
+    model = text[start : text.index("known subclasses", start)]
+    assert "(required, type:" in model and "default: null" not in model
+
+
+def test_help_documents_the_wandb_options(capsys):
+    text = _help(capsys, "--help")
+    for flag, doc in [
+        ("--trainer.wandb_tags", "W&B tags of the run"),
+        ("--trainer.wandb_group", "W&B group"),
+        ("--trainer.wandb_entity", "WANDB_ENTITY"),
+        ("--trainer.wandb_notes", "shown in W&B"),
+        ("--trainer.wandb_project", "WANDB_PROJECT"),
+    ]:
+        assert flag in text and doc in text
+
+
+@pytest.mark.parametrize("client", ["ClassificationClient", "SegmentationClient"])
+def test_model_help_lists_the_registered_networks(capsys, client):
+    text = _help(capsys, f"--model.help={client}")
+    entry = text[text.index("--model.model MODEL") :]
+    assert "Registered: celeba_cnn, cnn, deeplabv3plus, mlp, resnet18, resnet50; or an import path" in entry
+
+
+def test_fit_help_names_the_registered_networks_under_model(capsys):
+    text = _help(capsys, "--help")
+    start = text.index("The client task module")
+    assert "--model.init_args.model, is one of celeba_cnn, cnn, deeplabv3plus, mlp" in text[start : start + 300]
+
+
+def _readme_section(title: str) -> str:
+    readme = (REPO / "README.md").read_text()
+    start = readme.index(f"### {title}\n")
+    return readme[start : readme.find("\n#", start + 4)]
+
+
+def test_the_readmes_own_network_trains_by_import_path_from_the_working_directory(tmp_path, monkeypatch):
+    section = _readme_section("Your own network")
+    code = re.search(r"```python\n(.*?)```", section, flags=re.DOTALL).group(1)
+    module, name = re.search(r"--model\.init_args\.model=(\w+)\.(\w+)", section).groups()
+    (tmp_path / f"{module}.py").write_text(code)
+    # As the console script starts: its own folder on sys.path, not the working directory.
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.chdir(tmp_path)
+    main(
+        [
+            "fit",
+            "--config",
+            str(REPO / "conf/digits/fedavg.yaml"),
+            f"--model.init_args.model={module}.{name}",
+            "--model.init_args.model_kwargs={width: 32}",
+            "--trainer.rounds=1",
+            "--trainer.logger=csv",
+            *QUICK,
+        ]
+    )
+    monkeypatch.delitem(sys.modules, module)
+    state = ckpt_io.load(tmp_path / "runs" / "fedavg" / "version_0" / "checkpoints" / "last.ckpt")["global_state"]
+    shapes = {key: tuple(value.shape) for key, value in state.items()}
+    # 8×8 digits flattened into the README's encoder of width 32, then 10 logits
+    assert shapes == {
+        "net.encoder.1.weight": (32, 64),
+        "net.encoder.1.bias": (32,),
+        "net.head.weight": (10, 32),
+        "net.head.bias": (10,),
+    }

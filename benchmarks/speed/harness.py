@@ -56,7 +56,8 @@ CHECKPOINT_EVERY = 10
 _ROUND_STREAM, _CLIENT_STREAM = 0, 1
 
 FLOWER_INSTALL = (
-    'python -m venv --system-site-packages .venv-flower && .venv-flower/bin/pip install "flwr[simulation]==1.41.*"'
+    "python -m venv .venv-flower && .venv-flower/bin/pip install torch==2.14.1 torchvision==0.29.1 "
+    '"flwr[simulation]==1.41.*" -e .'
 )
 
 Engine = Literal["floor", "fedlight", "flower"]

@@ -1,0 +1,45 @@
+"""``create_model`` by registered name or by import path."""
+
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from fedlight.errors import ConfigError
+from fedlight.models import create_model
+from fedlight.models.mlp import MLP
+
+
+def linear_probe(input_shape: tuple[int, ...], num_classes: int, bias: bool = True) -> nn.Module:
+    """A function, not a class, building a network (imported by path in the tests below)."""
+    net = MLP(input_shape, num_classes, hidden=())
+    net.head = nn.Linear(net.num_features, num_classes, bias=bias)
+    return net
+
+
+def test_an_import_path_builds_a_class_with_the_shapes_and_model_kwargs():
+    net = create_model("fedlight.models.MLP", input_shape=[12], num_classes=3, hidden=[5])
+    assert isinstance(net, MLP) and net.num_features == 5
+    assert net(torch.zeros(2, 12)).shape == (2, 3)
+
+
+def test_an_import_path_may_name_a_function():
+    net = create_model(f"{__name__}.linear_probe", input_shape=(4, 2), num_classes=3, bias=False)
+    assert net.head.bias is None and net.head.in_features == 8
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("resnet999", "Unknown model 'resnet999' (--model.init_args.model). Registered models: celeba_cnn, cnn"),
+        ("nopkg_here.Net", "--model.init_args.model=nopkg_here.Net is neither a registered model"),
+        ("fedlight.models.NoSuchNet", "--model.init_args.model=fedlight.models.NoSuchNet is neither"),
+        ("fedlight.models.registry._REGISTRY", "is not a class or function that builds a network"),
+    ],
+)
+def test_a_name_that_is_neither_registered_nor_importable_names_the_flag(name, message):
+    with pytest.raises(ConfigError) as error:
+        create_model(name, input_shape=(4,), num_classes=2)
+    assert message in str(error.value)
+    assert "nopkg_here" not in sys.modules

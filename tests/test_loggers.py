@@ -1,0 +1,88 @@
+"""W&B conventions of ``fedlight.loggers.wandb_logger``: environment variables, run fields, offline runs."""
+
+import os
+
+import lightning.pytorch.loggers  # noqa: F401  (imported once for the module: seconds, not what is tested)
+import pytest
+import wandb
+
+from fedlight.loggers import resolve_wandb_mode, wandb_logger
+
+
+@pytest.mark.parametrize(
+    ("env", "configured", "expected"),
+    [
+        ("disabled", "offline", "disabled"),  # W&B's off switch wins over the config
+        ("disabled", "online", "disabled"),
+        ("online", None, "online"),  # the environment fills in an unset mode
+        ("dryrun", None, "offline"),  # W&B's older spelling
+        ("online", "offline", "offline"),  # an explicit setting wins over the environment
+        (None, None, "offline"),  # no account or network needed by default
+    ],
+)
+def test_wandb_mode_follows_the_environment_as_wandb_does(monkeypatch, env, configured, expected):
+    if env is None:
+        monkeypatch.delenv("WANDB_MODE", raising=False)
+    else:
+        monkeypatch.setenv("WANDB_MODE", env)
+    assert resolve_wandb_mode(configured) == expected
+
+
+def test_disabled_wandb_gives_no_logger_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_logger(tmp_path, "run", "abc", {"a": 1}, mode="offline") is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def _run_fields(tmp_path, **kwargs):
+    logger = wandb_logger(tmp_path, "row", "fields1", None, **kwargs)
+    run = logger.experiment
+    try:
+        return {
+            "project": run.project,
+            "entity": run.entity,
+            "tags": tuple(run.tags),
+            "group": run.group,
+            "notes": run.notes,
+            "name": run.name,
+            "id": run.id,
+        }
+    finally:
+        wandb.finish()
+
+
+def test_project_and_entity_from_the_environment_win_over_the_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_PROJECT", "from_env")
+    monkeypatch.setenv("WANDB_ENTITY", "team_env")
+    fields = _run_fields(tmp_path, tags=["fedavg", "delta50"], group="seeds", notes="three seeds")
+    assert fields == {
+        "project": "from_env",
+        "entity": "team_env",
+        "tags": ("fedavg", "delta50"),
+        "group": "seeds",
+        "notes": "three seeds",
+        "name": "row",
+        "id": "fields1",
+    }
+
+
+def test_an_explicit_project_and_entity_win_over_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_PROJECT", "from_env")
+    monkeypatch.setenv("WANDB_ENTITY", "team_env")
+    fields = _run_fields(tmp_path, project="mine", entity="my_team")
+    assert (fields["project"], fields["entity"]) == ("mine", "my_team")
+
+
+def test_without_project_anywhere_runs_go_to_the_fedlight_project(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    assert _run_fields(tmp_path)["project"] == "fedlight"
+
+
+def test_an_offline_logger_leaves_the_environment_as_it_was(tmp_path, monkeypatch):
+    # Lightning's `offline=True` would set WANDB_MODE for the rest of the process.
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    _run_fields(tmp_path, mode="offline")
+    assert "WANDB_MODE" not in os.environ
