@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 
 from fedlight import checkpoint as ckpt_io
 from fedlight.bank import ModelBank, RoundSums, cluster_entry_names
+from fedlight.batched import BatchedLocalFit, batching_blocker, optimizer_factory
 from fedlight.callbacks.base import RoundCallback
 from fedlight.clients.base import FederatedClient, LocalFit
 from fedlight.context import RunContext
@@ -109,6 +110,11 @@ class FederatedTrainer:
             between rounds, each with its own cadence; what they add to a round's metrics is logged.
         seed: the run's seed, from which every random stream is derived. By default the seed that
             ``lightning.seed_everything`` set (the command line's ``seed_everything``), else 0.
+        client_batching: train up to this many of a process's clients of a round together, as one vectorised
+            model (``auto``: as many as fit in 1 GiB of stacked parameters, gradients and optimizer state).
+            Each client keeps its own batches, optimizer state and step count; results equal sequential
+            training up to float rounding. Rounds that cannot be vectorised (BatchNorm, active dropout,
+            schedulers, strategies with client-side hooks) run sequentially, said once in the log.
         init_from: start the run from another run's weights instead of the model's own initialisation: a
             fedlight checkpoint (``<run_dir>/checkpoints/last.ckpt``, e.g. of a centralized source
             pre-training run), a Lightning checkpoint, or a file holding a plain ``state_dict``. Weights only;
@@ -143,6 +149,7 @@ class FederatedTrainer:
         enable_progress_bar: bool = True,
         callbacks: list[RoundCallback] | None = None,
         seed: int | None = None,
+        client_batching: int | Literal["auto"] | None = None,
         init_from: str | Path | None = None,
     ) -> None:
         problems = []
@@ -174,6 +181,8 @@ class FederatedTrainer:
                 "--trainer.start_method=fork starts the processes of one machine; with "
                 f"--trainer.num_nodes={num_nodes}, torchrun or SLURM starts them. Use --trainer.start_method=popen."
             )
+        if isinstance(client_batching, int) and client_batching < 1:
+            problems.append(f"Expected --trainer.client_batching ≥ 1, 'auto' or null, got {client_batching}.")
         if init_from is not None and not Path(init_from).is_file():
             problems.append(
                 f"--trainer.init_from {init_from} does not exist. Pass a checkpoint of an earlier run "
@@ -182,6 +191,8 @@ class FederatedTrainer:
         if problems:
             raise ConfigError(*problems)
         self.init_from = None if init_from is None else Path(init_from)
+        self.client_batching = client_batching
+        self._batching: BatchedLocalFit | str | None = None  # the vectorised fit, or why it cannot run
         self.rounds = rounds
         self.clients_per_round = clients_per_round
         self.local_epochs = local_epochs
@@ -513,8 +524,7 @@ class FederatedTrainer:
         integers: dict[str, torch.Tensor] = {}  # the largest value of each integer buffer among clients
         states: dict[int, torch.Tensor] = {}  # only for rules that need every state
         updates = []
-        for plan in tqdm(mine, desc=f"round {round_idx}", unit="client", leave=False, disable=self._quiet()):
-            update, state = self._fit_client(round_idx, plan)
+        for update, state in self._client_fits(round_idx, mine):
             updates.append(update)
             if not update.finite:
                 warnings.warn(
@@ -539,6 +549,61 @@ class FederatedTrainer:
                 states = {c: s for rank_states in self.all_gather_objects(states) for c, s in rank_states.items()}
         updates.sort(key=lambda u: u.client)
         return updates, sums, states, integers
+
+    def _client_fits(self, round_idx: int, plans: list[ClientPlan]) -> Iterator[tuple[ClientUpdate, torch.Tensor]]:
+        """Each of ``plans``' update and final state: one client after another, or vectorised in chunks."""
+        chunk = self._batching_chunk(plans)
+        if chunk is None:
+            for plan in tqdm(plans, desc=f"round {round_idx}", unit="client", leave=False, disable=self._quiet()):
+                yield self._fit_client(round_idx, plan)
+            return
+        for start in range(0, len(plans), chunk):
+            yield from self._fit_clients_batched(round_idx, plans[start : start + chunk])
+
+    def _batching_chunk(self, plans: list[ClientPlan]) -> int | None:
+        """How many clients to vectorise at once, or ``None`` for the sequential loop."""
+        if self.client_batching is None or not plans:
+            return None
+        if self._batching is None:  # decided once per run, on the first round's module and optimizer
+            self._train_mode(self.module)
+            blocker = batching_blocker(self.module, self.layout, self.strategy, self.module.configure_optimizers())
+            if blocker is None:
+                self._batching = BatchedLocalFit(self.module, self.layout, self.precision)
+            else:
+                self._batching = blocker
+                log.info("--trainer.client_batching: clients train one after another, because %s.", blocker)
+        if isinstance(self._batching, str):
+            return None
+        if self.client_batching == "auto":  # parameters, gradients and up to two optimizer states, fp32
+            return max(1, min(len(plans), 2**30 // (16 * max(self.layout.numel, 1))))
+        return self.client_batching
+
+    def _fit_clients_batched(
+        self, round_idx: int, plans: list[ClientPlan]
+    ) -> Iterator[tuple[ClientUpdate, torch.Tensor]]:
+        """The local fits of ``plans`` as one vectorised model; each client draws the batches it would alone."""
+        module, strategy = self.module, self.strategy
+        starts, batches = [], []
+        for plan in plans:
+            generator = torch.Generator().manual_seed(self.client_seed(round_idx, plan.client))  # batch order
+            start = self.bank.member(self._cluster_of(plan.client))
+            starts.append(strategy.initial_state(self.context, plan, start))
+            batches.append(list(self._local_batches(plan, generator)))
+        self._train_mode(module)
+        num_steps = max(len(b) for b in batches)
+        module.local_fit = LocalFit(round_idx=round_idx, rounds=self.rounds, num_steps=num_steps)
+        make_optimizer = optimizer_factory(module.configure_optimizers())
+        results = self._batching.run(starts, batches, make_optimizer)
+        for plan, (loss_sum, steps, state) in zip(plans, results, strict=True):
+            update = ClientUpdate(
+                client=plan.client,
+                num_samples=int(self.datamodule.num_samples[plan.client]),
+                epochs=plan.epochs,
+                num_steps=steps,
+                train_loss=loss_sum.item() / max(steps, 1),
+            )
+            update.finite = math.isfinite(update.train_loss) and _all_finite(state)
+            yield update, state
 
     def _aggregate(self, sums: RoundSums, aggregated: list[ClientUpdate]) -> torch.Tensor:
         """W^{t+1}: the rule's weighted average, cluster entries per cluster, then the server update."""

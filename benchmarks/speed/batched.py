@@ -1,0 +1,124 @@
+"""A round's clients trained as one vectorised model (``--trainer.client_batching``) against the sequential loop.
+
+Both runs are ``FederatedTrainer.fit`` with the same workload, seed and FedAvg; the only difference is
+``client_batching``. Runs alternate (sequential, batched, sequential, …) so drifting machine load hits both.
+Reported: rounds/s (median over rounds after the first, from the engine's ``round/time_s``), their ratio,
+the largest difference between the final global models (float rounding: see fedlight/batched.py), and
+the memory of the stacked client states (K × P parameters plus their gradients and optimizer state).
+
+Workloads:
+  (a) the prototype paper's Synthetic(1,1) MLP (speed harness workload (a)), 10 clients per round, F = 20;
+  (b) the MNIST-protocol CNN on digits (workload (b));
+  (x) cross-device, of pfl-research's benchmark shape: 1000 users × 50 random 3×32×32 images of 10
+      classes, cohort 50, one local epoch, batch 10, a 2-conv CNN, SGD lr 0.01.
+
+    python benchmarks/speed/batched.py                  # (a), (b), (x): 10 rounds × 2 repeats
+    python benchmarks/speed/batched.py --reduced        # CI: (x) with 100 users, 3 rounds, 1 repeat
+    python benchmarks/speed/batched.py --workloads x --rounds 20 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from fedlight.clients import ClassificationClient  # noqa: E402
+from fedlight.data import Digits, FederatedDataModule, Synthetic  # noqa: E402
+from fedlight.data.base import FederatedDataset, LabelledTensors  # noqa: E402
+from fedlight.data.partition import PowerLaw  # noqa: E402
+from fedlight.strategies import FedAvg  # noqa: E402
+from fedlight.trainer import FederatedTrainer  # noqa: E402
+
+
+class CrossDevice(FederatedDataset):
+    """``users`` users with 50 random 3×32×32 images each, labels uniform over 10 classes (seeded)."""
+
+    num_classes = 10
+    input_shape = (3, 32, 32)
+
+    def __init__(self, users: int = 1000, per_user: int = 50) -> None:
+        self.users, self.per_user = users, per_user
+
+    def load_train(self) -> LabelledTensors:
+        generator = torch.Generator().manual_seed(0)
+        n = self.users * self.per_user
+        x = torch.randn(n, *self.input_shape, generator=generator)
+        y = torch.randint(10, (n,), generator=generator)
+        return LabelledTensors(x, y, np.repeat(np.arange(self.users), self.per_user))
+
+
+def workload(name: str, reduced: bool):
+    """(datamodule, client kwargs, clients per round, local epochs) of a workload."""
+    sgd = lambda p: torch.optim.SGD(p, lr=0.01)  # noqa: E731
+    if name == "a":
+        data = FederatedDataModule(Synthetic(alpha=1.0, beta=1.0), batch_size=10)
+        return data, {"num_classes": 10, "input_shape": (60,), "model": "mlp", "optimizer": sgd}, 10, 20
+    if name == "b":
+        data = FederatedDataModule(Digits(), PowerLaw(num_clients=100, seed=0), batch_size=10)
+        return data, {"num_classes": 10, "input_shape": (1, 8, 8), "model": "cnn", "optimizer": sgd}, 10, 20
+    users = 100 if reduced else 1000
+    data = FederatedDataModule(CrossDevice(users), batch_size=10, test_fraction=0.0)
+    kwargs = {"num_classes": 10, "input_shape": (3, 32, 32), "model": "cnn", "optimizer": sgd}
+    return data, kwargs, 10 if reduced else 50, 1
+
+
+def run(name: str, batching, rounds: int, reduced: bool) -> dict:
+    data, kwargs, per_round, epochs = workload(name, reduced)
+    torch.manual_seed(0)
+    model = ClassificationClient(**kwargs)
+    trainer = FederatedTrainer(
+        rounds=rounds, clients_per_round=per_round, local_epochs=epochs, eval_every=rounds, logger=None,
+        enable_progress_bar=False, client_batching=batching, seed=0,
+    )  # fmt: skip
+    started = time.perf_counter()
+    trainer.fit(model, data, FedAvg())
+    times = [row["round/time_s"] for row in trainer.history[1:]]
+    return {
+        "round_s": statistics.median(times),
+        "wall_s": time.perf_counter() - started,
+        "state": trainer.global_state.clone(),
+        "numel": trainer.layout.numel,
+        "vectorised": batching is not None and not isinstance(trainer._batching, str),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", default="a,b,x", help="comma-separated: a, b, x")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--reduced", action="store_true", help="CI: workload x with 100 users, 3 rounds, 1 repeat")
+    args = parser.parse_args()
+    if args.reduced:
+        args.workloads, args.rounds, args.repeats = "x", 3, 1
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, 1 thread, fp32; rounds/s are medians over rounds after the first")
+    for name in args.workloads.split(","):
+        runs: dict[str, list[dict]] = {"sequential": [], "batched": []}
+        for _ in range(args.repeats):
+            runs["sequential"].append(run(name, None, args.rounds, args.reduced))
+            runs["batched"].append(run(name, "auto", args.rounds, args.reduced))
+        rate = {k: statistics.median(1 / r["round_s"] for r in v) for k, v in runs.items()}
+        diff = max((a["state"] - b["state"]).abs().max().item() for a, b in zip(*runs.values(), strict=True))
+        numel = runs["batched"][0]["numel"]
+        _, _, per_round, _ = workload(name, args.reduced)
+        assert all(r["vectorised"] for r in runs["batched"]), f"({name}) did not run vectorised"
+        print(f"\n({name}) {args.rounds} rounds × {args.repeats} repeats, {per_round} clients per round, P = {numel:,}")
+        for key, value in rate.items():
+            print(f"  {key:<10}  {value:8.3f} rounds/s")
+        print(f"  batched / sequential rounds/s   {rate['batched'] / rate['sequential']:.2f}   (target ≥ 3 on (a))")
+        print(f"  max |Δ| of the final global models   {diff:.2e}")
+        stacked_mb = per_round * numel * 4 * 3 / 2**20  # parameters, gradients, one optimizer state
+        print(f"  stacked client states: {per_round} × {numel:,} × 4 B × 3 = {stacked_mb:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()

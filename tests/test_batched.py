@@ -1,0 +1,118 @@
+"""A round's clients trained as one vectorised model give the sequential run's clients, plans and model."""
+
+import logging
+
+import pytest
+import torch
+
+from fedlight.batched import batching_blocker
+from fedlight.clients import ClassificationClient
+from fedlight.data import FederatedDataModule
+from fedlight.errors import ConfigError
+from fedlight.state import FlatState
+from fedlight.strategies import FedAvg, FedProx
+from fedlight.testing import ClientImages
+from fedlight.trainer import FederatedTrainer
+
+# Summation order inside a batched matrix product differs from K separate ones. In fp32 an ulp of
+# difference per step compounds through small-batch SGD over a run (measured: 4e-4 after 5 rounds of 5
+# epochs), so equivalence is checked where rounding cannot hide a wrong step: one local step in fp32, and
+# whole runs in fp64 (the global state stays fp32 between rounds, as always).
+ONE_STEP_ATOL = 1e-6
+RUN_ATOL = 1e-6
+
+
+class Recording(FedAvg):
+    """FedAvg that keeps every round's (client, epochs, steps) — server-side only, so batching stays on."""
+
+    def __init__(self):
+        super().__init__(tolerate_stragglers=True)
+        self.rounds = []
+
+    def on_round_end(self, context, round_idx, updates):
+        self.rounds.append([(u.client, u.epochs, u.num_steps) for u in updates])
+        return {}
+
+
+def images():
+    """Eight clients of 17 to 52 one-channel 8×8 images of 3 classes; batches of 10 leave short last batches."""
+    sizes = [23, 31, 40, 17, 52, 28, 35, 44]
+    return FederatedDataModule(ClientImages(sizes, list(range(8))), batch_size=10, test_fraction=0.0)
+
+
+MLP = {"num_classes": 3, "input_shape": (1, 8, 8), "model": "mlp", "model_kwargs": {"hidden": [32, 16]}}
+CNN = {"num_classes": 3, "input_shape": (1, 8, 8), "model": "cnn", "model_kwargs": {"hidden": 32}}
+
+
+def run(data, model_kwargs, optimizer, batching, rounds=4, precision="64-true", **settings):
+    torch.manual_seed(0)
+    model = ClassificationClient(optimizer=optimizer, **model_kwargs)
+    strategy = Recording()
+    settings = {"clients_per_round": 6, "local_epochs": 3, "straggler_fraction": 0.5, **settings}
+    trainer = FederatedTrainer(
+        rounds=rounds, logger=None, enable_progress_bar=False, client_batching=batching, precision=precision,
+        **settings,
+    )  # fmt: skip
+    trainer.fit(model, data, strategy)
+    return trainer, strategy
+
+
+SGD = pytest.param(lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9), id="sgd")
+ADAM = pytest.param(lambda p: torch.optim.Adam(p, lr=1e-3), id="adam")
+
+
+@pytest.mark.parametrize("optimizer", [SGD, ADAM])
+@pytest.mark.parametrize("batching", [3, "auto"])
+def test_batched_mlp_rounds_equal_the_sequential_ones(optimizer, batching):
+    sequential, plans = run(images(), MLP, optimizer, None)
+    batched, batched_plans = run(images(), MLP, optimizer, batching)
+    assert not isinstance(batched._batching, str)  # it did run vectorised
+    assert batched_plans.rounds == plans.rounds  # the same clients, straggler epochs and step counts
+    assert len({steps for rounds in plans.rounds for _, _, steps in rounds}) > 1  # clients stop at different steps
+    torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)
+    for a, b in zip(sequential.history, batched.history, strict=True):
+        assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-6)
+
+
+def test_one_batched_fp32_step_equals_the_sequential_one():
+    settings = {"local_steps": 1, "straggler_fraction": 0.0, "precision": "32-true"}
+    optimizer = lambda p: torch.optim.SGD(p, lr=0.5)  # noqa: E731
+    sequential, _ = run(images(), MLP, optimizer, None, rounds=1, **settings)
+    batched, _ = run(images(), MLP, optimizer, "auto", rounds=1, **settings)
+    torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=ONE_STEP_ATOL)
+
+
+def test_batched_cnn_rounds_equal_the_sequential_ones():
+    optimizer = lambda p: torch.optim.SGD(p, lr=0.05)  # noqa: E731
+    sequential, plans = run(images(), CNN, optimizer, None, rounds=3)
+    batched, batched_plans = run(images(), CNN, optimizer, "auto", rounds=3)
+    assert batched_plans.rounds == plans.rounds
+    torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)
+
+
+def test_rounds_that_cannot_be_vectorised_run_sequentially_and_say_why(caplog):
+    torch.manual_seed(0)
+    model = ClassificationClient(**MLP)
+    trainer = FederatedTrainer(rounds=1, clients_per_round=3, local_epochs=1, logger=None, enable_progress_bar=False)
+    trainer.client_batching = "auto"
+    with caplog.at_level(logging.INFO, logger="fedlight.trainer"):
+        trainer.fit(model, images(), FedProx(mu=0.1))
+    assert "FedProx overrides on_client_fit_start" in caplog.text
+    assert trainer._batching.startswith("FedProx")
+
+
+def test_blockers_name_the_module_or_optimizer():
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2), torch.nn.Dropout(0.5))
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1)
+    assert "1 is a BatchNorm" in batching_blocker(net, FlatState(net), FedAvg(), sgd)
+    del net[1]
+    assert "1 is an active dropout" in batching_blocker(net, FlatState(net), FedAvg(), sgd)
+    net[1].p = 0.0
+    assert batching_blocker(net, FlatState(net), FedAvg(), sgd) is None
+    rmsprop = torch.optim.RMSprop(net.parameters())
+    assert "RMSprop" in batching_blocker(net, FlatState(net), FedAvg(), rmsprop)
+
+
+def test_a_chunk_below_one_is_refused():
+    with pytest.raises(ConfigError, match="client_batching ≥ 1"):
+        FederatedTrainer(client_batching=0)
