@@ -1,6 +1,6 @@
 """Table 2 (Synthetic row), Table 4 (Synthetic column) and Figs. 2–3 of Michieli & Ozay's prototype-margin paper.
 
-The workload is the paper's Synthetic(1,1) setting (spec §1.2): 30 users of FedProx's generator, MLP
+The workload is the paper's Synthetic(1,1) setting: 30 users of FedProx's generator, MLP
 60→128→256→10, SGD lr 0.01, F = 20 local epochs, batch 10, 10 clients per round sampled ∝ n_k. For every
 seed, the script first trains the centralized reference (``conf/fedproto/synthetic/centralized.yaml``: one
 client holding all training splits, one round per epoch), then runs FedAvg, FedProx (μ = 0.1), FedAtt and
@@ -259,11 +259,11 @@ def table4(runs: Sequence[Run], rows: dict[str, list[dict[str, float]]], header:
     lines = [
         f"# Table 4, Synthetic(1,1): final AMM μ̄[T] and FFD (%) — {header}",
         "",
-        "Ours: mean ± std (ddof = 1) over seeds × δ. AMM is spec D6's reconstruction of Eq. 15 (the unnormalised "
+        "Ours: mean ± std (ddof = 1) over seeds × δ. AMM is decision D6's reconstruction of Eq. 15 (the unnormalised "
         "margin of the aggregate prototypes, i.e. the mean distance between class prototypes), so its scale "
         "need not match the paper's. FFD(A, FedAvg) = 100·(MMD_FedAvg − MMD_A)/MMD_FedAvg is taken per "
         "(seed, δ) against the FedAvg run of the same seed and δ, then averaged. MMD is the last round's mean "
-        "over K^t of the MMD between the model's and the seed's centralized model's features (spec D7). "
+        "over K^t of the MMD between the model's and the seed's centralized model's features (decision D7). "
         "Paper: Michieli & Ozay, Table 4 (– where it has no entry).",
         "",
         "| method | n | AMM (ours) | AMM (paper) | MMD (ours) | FFD % (ours) | FFD % (paper) |",

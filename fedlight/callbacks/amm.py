@@ -1,7 +1,7 @@
 """Aggregate mean margin (AMM) of the global model: how far apart its class prototypes lie.
 
 Michieli & Ozay, "Prototype Guided Federated Learning of Visual Feature Representations", Eq. 15, Table 4 and
-Fig. 3 (spec §1.3, decision D6). The paper compares optimizers by it, so it is measured here on the global
+Fig. 3 (decision D6). The paper compares optimizers by it, so it is measured here on the global
 model of any strategy rather than from MO-FedProto's own payload.
 
 After round t, with the new global model W^{t+1} in eval mode and e = E(x) its penultimate features (D5):

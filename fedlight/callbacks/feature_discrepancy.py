@@ -1,7 +1,7 @@
 """Feature discrepancy from a centrally trained model: MMD (Eq. 16) and FFD (Eq. 17).
 
-Michieli & Ozay, "Prototype Guided Federated Learning of Visual Feature Representations", Sec. 5 (spec §1.3,
-decision D7). After round t, for every client k of the round's sample K^t:
+Michieli & Ozay, "Prototype Guided Federated Learning of Visual Feature Representations", Sec. 5 (decision
+D7). After round t, for every client k of the round's sample K^t:
 
 - P_k^t: penultimate features (D5) of the global model W^{t+1} on client k's **held-out** (test) split;
 - Q_k: features of the reference model, trained centrally (``--data.centralized=true``), on the same inputs;

@@ -1,4 +1,4 @@
-"""Gradient dissimilarity of the clients at the global model (Michieli & Ozay, Fig. 2 row 3; spec §1.3).
+"""Gradient dissimilarity of the clients at the global model (Michieli & Ozay, Fig. 2 row 3).
 
 At the start of round t, with the global model W^t and every client k ∈ K (all of them, not only the sampled
 ones), ∇L_k is the full-batch gradient of client k's mean training loss, and

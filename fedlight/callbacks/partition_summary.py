@@ -1,6 +1,6 @@
 """Statistics and a Fig. S1-like picture of the run's partition, saved and logged before the first round.
 
-MO-FedProto, supplementary Fig. S1: for the Pascal VOC partition (spec §6.5), how many clients hold
+MO-FedProto, supplementary Fig. S1: for the Pascal VOC partition, how many clients hold
 each class, how many clients hold a given number of classes, and the class mix of 30 random clients.
 The callback reads the partition the data module drew (every client's training and held-out samples)
 and writes ``<run_dir>/partition_summary.png`` and ``partition_summary.json`` (the counts and the size

@@ -1,12 +1,12 @@
 """Semantic segmentation with per-pixel cross-entropy: the client of MO-FedProto's Pascal VOC runs (§5.2).
 
-Table 1's segmentation protocol (spec §1.2): DeepLab-V3+ with an ImageNet MobileNet-V2 encoder, Adam with
+Table 1's segmentation protocol: DeepLab-V3+ with an ImageNet MobileNet-V2 encoder, Adam with
 lr 1e-4 and weight decay 4e-5, the learning rate decayed polynomially with power 0.9 over the run.
 Augmentation (D11) belongs to the data: ``--data.train_transform`` with
 :class:`~fedlight.data.transforms.RandomScaleCropFlip`. Evaluation runs on whole images and reports mIoU
 with and without background and per-class IoU from one confusion matrix (D9).
 
-Polynomial decay across rounds: the optimizer is re-created every round (spec §0), so the schedule is a
+Polynomial decay across rounds: the optimizer is re-created every round, so the schedule is a
 function of where a step sits in the run. Step s of the S steps of a fit in round t gets
 
     lr = lr_0 · (1 − (t + s/S) / T)^0.9,

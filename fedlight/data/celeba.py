@@ -1,4 +1,4 @@
-"""CelebA smiling-or-not with one client per celebrity: LEAF's benchmark (Caldas et al., 2018), spec §6.4.
+"""CelebA smiling-or-not with one client per celebrity: LEAF's benchmark (Caldas et al., 2018)
 
 Follows ``TalwalkarLab/leaf:data/celeba/preprocess/metadata_to_json.py`` and
 ``models/celeba/cnn.py``: the users are the celebrities of ``identity_CelebA.txt`` with at least 5

@@ -1,7 +1,7 @@
-"""CIFAR-10 and CIFAR-100 (Krizhevsky 2009) from torchvision's files, as the FedSLS paper uses them (spec §2.2).
+"""CIFAR-10 and CIFAR-100 (Krizhevsky 2009) from torchvision's files, as the FedSLS paper uses them.
 
 The 50,000 training images are the pool partitioned over the clients (the MOON-style
-:class:`~fedlight.data.partition.Dirichlet`, spec §6.6); the 10,000 test images are the global test set.
+:class:`~fedlight.data.partition.Dirichlet`); the 10,000 test images are the global test set.
 Images stay ``[N, 3, 32, 32]`` uint8 in memory (150 MB for a pool, a quarter of float32); the ResNet
 models standardise them (:class:`~fedlight.models.resnet.ResNet`).
 """

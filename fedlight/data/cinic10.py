@@ -1,7 +1,7 @@
 """CINIC-10 (Darlow et al. 2018): CIFAR-10's classes with downsampled ImageNet images added, 32×32 PNGs.
 
 The official archive unpacks to ``<root>/{train,valid,test}/<class>/*.png``, 90,000 images per split.
-The FedSLS paper uses 90K training and 90K test images (spec §2.2): ``train`` is the pool partitioned over
+The FedSLS paper uses 90K training and 90K test images: ``train`` is the pool partitioned over
 the clients and ``test`` the global test set; ``valid`` is unused unless ``train_splits`` adds it. Classes
 are numbered in sorted folder order, which is CIFAR-10's (airplane … truck). Images are ``[N, 3, 32, 32]``
 uint8, decoded once and cached (:mod:`fedlight.data.image_files`).

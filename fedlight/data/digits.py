@@ -1,4 +1,4 @@
-"""scikit-learn's 8×8 handwritten digits, prepared like FedProx's MNIST (Li et al., 2020), spec §6.2.
+"""scikit-learn's 8×8 handwritten digits, prepared like FedProx's MNIST (Li et al., 2020)
 
 The 1,797 images (UCI "Optical Recognition of Handwritten Digits", shipped with scikit-learn, so no
 download is needed) are real data small enough for CPU tests and benchmarks. As FedProx does for

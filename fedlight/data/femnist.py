@@ -1,4 +1,4 @@
-"""FEMNIST as FedProx samples it (Li et al., 2020, ``litian96/FedProx:data/nist/data/my_sample.py``), spec §6.3.
+"""FEMNIST as FedProx samples it (Li et al., 2020, ``litian96/FedProx:data/nist/data/my_sample.py``)
 
 FedProx keeps the ten lower-case letters a–j of NIST's by_class images (class ids 36–45) and draws
 4000 random images of each. Here the images come from EMNIST "byclass", the 28×28 release of the

@@ -3,7 +3,7 @@
 Shared by :class:`~fedlight.data.PascalVOC` and the procedural :class:`~fedlight.data.Scenes`, whose
 classes carry the VOC names, so that one macro map, one colour map and one partition protocol serve both.
 
-The macro variant (MO-FedProto, supplementary; spec §6.5 step 5) groups the 20 classes into 4:
+The macro variant (MO-FedProto, supplementary) groups the 20 classes into 4:
 person → 1, vehicles → 2, household objects → 3, animals → 4; background stays 0 and the void label 255
 stays 255.
 """

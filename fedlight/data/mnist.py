@@ -1,4 +1,4 @@
-"""MNIST prepared as in FedProx (Li et al., 2020, ``litian96/FedProx:data/mnist/generate_niid.py``), spec §6.2.
+"""MNIST prepared as in FedProx (Li et al., 2020, ``litian96/FedProx:data/mnist/generate_niid.py``)
 
 The 60,000 training and 10,000 test images are pooled into one set of 70,000, since FedProx and the
 prototype-margin paper split every client 80/20 instead of using MNIST's test set. Each pixel is

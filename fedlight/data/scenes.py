@@ -1,7 +1,7 @@
 """Procedural scenes: an offline stand-in for Pascal VOC (segmentation) and small image benchmarks (classification).
 
 Every image is a textured background with one foreground object, so, as in MO-FedProto's filtered
-Pascal VOC (spec §6.5 step 1), each image holds exactly one object class and the VOC partitioners
+Pascal VOC, each image holds exactly one object class and the VOC partitioners
 apply unchanged. The object's class decides three cues at once, so a network can tell classes apart
 by any of them:
 

@@ -1,4 +1,4 @@
-"""FedProx's Synthetic(α, β) data (Li et al., 2020, §5.1), spec §6.1.
+"""FedProx's Synthetic(α, β) data (Li et al., 2020, §5.1)
 
 Follows ``litian96/FedProx:data/synthetic_1_1/generate_synthetic.py`` (not LEAF's clustered
 generator). Each user ``k`` has its own softmax-regression model and input distribution:

@@ -4,7 +4,7 @@ A :class:`BatchTransform` receives a stacked batch and the client's own ``torch.
 the augmented batch, so augmentation costs one batched operation per step, not a loop over samples, and a
 run's augmentations are fixed by its seed whatever order the clients train in.
 
-:class:`RandomScaleCropFlip` is the DeepLab input pipeline of spec D11: random scale in [0.5, 2], a
+:class:`RandomScaleCropFlip` is the DeepLab input pipeline of decision D11: random scale in [0.5, 2], a
 random crop (padded where the scaled image is smaller) and a horizontal flip, applied to images
 bilinearly and to label maps by nearest neighbour, with padded pixels void (255).
 """

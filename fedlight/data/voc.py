@@ -1,4 +1,4 @@
-"""Pascal VOC 2012 segmentation with one object class per image: MO-FedProto's FPascal benchmark (spec §6.5).
+"""Pascal VOC 2012 segmentation with one object class per image: MO-FedProto's FPascal benchmark.
 
 Reads a local VOCdevkit in the layout of the official archive, optionally with the SBD "train_aug"
 annotations in the layout DeepLab's training scripts use::

@@ -13,7 +13,7 @@ class GroupedSegmentation(Metric):
 
     The pooled scores come from the sum of the groups' matrices, i.e. from one confusion matrix over all
     pixels of all groups; ``miou_mean`` is the unweighted mean of the groups' own mIoU. States are counts
-    and sums, so they merge exactly across batches, clients and processes (spec D9: VOC mIoU with
+    and sums, so they merge exactly across batches, clients and processes (decision D9: VOC mIoU with
     background first, foreground mIoU second).
 
     Args:

@@ -1,4 +1,4 @@
-"""LEAF's CelebA network (Caldas et al., 2018, ``TalwalkarLab/leaf:models/celeba/cnn.py``), spec §1.2.
+"""LEAF's CelebA network (Caldas et al., 2018, ``TalwalkarLab/leaf:models/celeba/cnn.py``)
 
 Four blocks of conv3×3-32 ('same') → BatchNorm → max-pool 2 ('same') → ReLU, then one dense layer to
 the logits. TensorFlow's 'same' pooling pads odd sides at the end, which PyTorch's ``ceil_mode``

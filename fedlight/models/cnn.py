@@ -1,7 +1,7 @@
 """The 2-conv network of the FedProx/LEAF MNIST and FEMNIST experiments.
 
 conv5×5-32 → max-pool 2 → conv5×5-64 → max-pool 2 → FC-256 + ReLU → FC-C, with 'same' padding as in
-the TensorFlow original, so a 28×28 input flattens to 7·7·64 (spec §1.2).
+the TensorFlow original, so a 28×28 input flattens to 7·7·64.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """DeepLab-V3+ (Chen et al., 2018) from segmentation-models-pytorch, with fedlight's encoder/head split.
 
-MO-FedProto's segmentation model (Table 1, spec §1.2): DeepLab-V3+ with a MobileNet-V2 encoder
+MO-FedProto's segmentation model (Table 1): DeepLab-V3+ with a MobileNet-V2 encoder
 pretrained on ImageNet, output stride 16. fedlight's uniform interface cuts it before the final 1×1
-classifier (spec D5):
+classifier (decision D5):
 
 - ``forward_features(x)``: encoder + DeepLab-V3+ decoder (ASPP, upsampling, fusion with the stride-4
   encoder features), ``[B, 256, H/4, W/4]`` after a ReLU: the features of dense prototypes and of H_E;

@@ -1,5 +1,5 @@
 """Fairness: the uniform-averaging baseline of Michieli & Ozay, *Prototype Guided Federated Learning of
-Visual Feature Representations* (Table 3; spec D8).
+Visual Feature Representations* (Table 3; decision D8).
 
 Every aggregated client gets the same weight, f^t[k] = 1/K' for all k and t:
 

@@ -1,6 +1,6 @@
 """FedAtt: Ji et al., *Learning Private Neural Language Modeling with Attentive Aggregation*, IJCNN 2019.
 
-Layer-wise attentive aggregation, as in ``shaoxiongji/fed-att`` (spec §5). For every tensor l of the model,
+Layer-wise attentive aggregation, as in ``shaoxiongji/fed-att``. For every tensor l of the model,
 with w the server's model and w_k client k's:
 
     s_k^l = ‖w^l − w_k^l‖₂                                        (L2 norm of the flattened tensor)

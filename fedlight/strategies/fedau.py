@@ -2,8 +2,8 @@
 Averaging*, ICLR 2024 (arXiv 2306.03401).
 
 Clients that take part rarely are under-represented by FedAvg. FedAU weighs each participating client's
-update by an online estimate of 1/p_n, the mean of its past participation intervals (spec §5,
-``IBM/fedau:main.py`` with ``-weighting adaptive``):
+update by an online estimate of 1/p_n, the mean of its past participation intervals
+(``IBM/fedau:main.py`` with ``-weighting adaptive``):
 
     ω_n = mean of client n's recorded intervals (1 before it has any)
     W^{t+1} = W^t + η_g · (1/N) Σ_{n participating} ω_n (W_n − W^t)         N = all clients

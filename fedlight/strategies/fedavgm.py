@@ -1,7 +1,7 @@
 """FedAvgM: Hsu, Qi & Brown, *Measuring the Effects of Non-Identical Data Distribution for Federated
 Visual Classification*, arXiv 1909.06335, 2019.
 
-FedAvg's average taken as a pseudo-gradient of a server optimiser with momentum (spec §5):
+FedAvg's average taken as a pseudo-gradient of a server optimiser with momentum:
 
     Δ = W^t − Σ_k (n_k / Σ_j n_j) W_k^{t+1},   v ← βv + Δ,   W^{t+1} = W^t − η v
 

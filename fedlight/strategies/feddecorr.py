@@ -2,8 +2,8 @@
 Heterogeneous Federated Learning*, ICLR 2023.
 
 Heterogeneous clients collapse their representations onto few dimensions. FedDecorr adds to the local
-loss a penalty on the correlations between the dimensions of a batch's features (spec §5,
-``bytedance/FedDecorr:loss.py``):
+loss a penalty on the correlations between the dimensions of a batch's features
+(``bytedance/FedDecorr:loss.py``):
 
     ẑ = (z − mean_b z) / sqrt(var_b z + 1e-8)          z: [N, D] penultimate features, unbiased variance
     L_dec = mean over j ≠ l of (ẑᵀẑ)_{jl}²  /  N         (0 when N = 1)

@@ -2,7 +2,7 @@
 Federated Optimization*, NeurIPS 2020.
 
 Clients that run different numbers of local steps pull FedAvg towards the objectives of the busiest ones.
-FedNova averages *normalised* updates instead (spec §5, ``JYWa/FedNova:distoptim/FedNova.py``):
+FedNova averages *normalised* updates instead (``JYWa/FedNova:distoptim/FedNova.py``):
 
     d_i = (W^t − W_i) / a_i                     client i's average step direction
     τ_eff = Σ_i p_i a_i   (Σ_i p_i τ_i when μ > 0, as the official code)

@@ -1,5 +1,5 @@
 """MO-FedProto: Michieli & Ozay, *Prototype Guided Federated Learning of Visual Feature Representations*
-(arXiv 2105.08982), spec §1.
+(arXiv 2105.08982)
 
 The paper calls its method FedProto. It is *not* Tan et al.'s FedProto (AAAI'22, ``yuetan031/FedProto``),
 a different method with the same name, which exchanges prototypes instead of models.

@@ -6,7 +6,7 @@ Client k minimises its loss plus a proximal term that keeps it near the model it
 
 the same step w ← w − η(∇L_k + μ(w − w^t)) as the official TensorFlow optimiser. The server keeps
 FedAvg's n_k-weighted average and, unlike FedAvg in the prototype-margin paper, aggregates the partial
-work of stragglers (spec §5).
+work of stragglers.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FedSLS: *Exploring Federated Aggregation in the Saliency Latent Space* (seed 002; spec §2).
+"""FedSLS: *Exploring Federated Aggregation in the Saliency Latent Space*.
 
 Each client's aggregation weight is its saliency weight R_k: guided backpropagation from the ground-truth
 logit to every convolution, Ḡ = channel mean of ∂Y/∂F ⊙ ReLU(F), N = ‖Ḡ‖_F, summed over the client's
@@ -7,7 +7,7 @@ takes a step along the R-weighted mean update of the round's clients (Eqs. 9–1
 
     Δ^r = Σ_{k∈S} R_k (θ_k − θ^r) / Σ_{k∈S} R_k,      θ^{r+1} = θ^r + η Δ^r
 
-(the paper's Eqs. 3 and 10 flip the sign of Δ twice; this is the consistent form, spec §2.1).
+(the paper's Eqs. 3 and 10 flip the sign of Δ twice; this is the consistent form).
 
 ``mode=static`` (the paper's method, Eq. 11): before the first round every client fine-tunes the initial
 model θ^0 on its data for ``warmup_epochs`` (S4: one epoch with the local optimizer), computes R_k with the
@@ -52,7 +52,7 @@ class FedSLS(Strategy):
         server_lr: η > 0, the server learning rate of Eq. 10 (1).
         mode: ``static``: R_k computed once, after a local warm-up from θ^0 (Eq. 11, the paper's method);
             ``dynamic``: recomputed by every client with its trained model in every round.
-        warmup_epochs: local epochs of the static warm-up (spec S4: 1); 0 computes R_k with θ^0 itself.
+        warmup_epochs: local epochs of the static warm-up (decision S4: 1); 0 computes R_k with θ^0 itself.
         guided: guided backpropagation (the paper's); ``false`` uses plain gradients (gradient × activation).
         batch_size: images per saliency pass; bounds its memory, does not change R_k.
         tolerate_stragglers: aggregate stragglers' partial work; ``null`` drops them.

@@ -59,7 +59,7 @@ def sample_clients(
 def straggler_plan(
     k: int, fraction: float, local_epochs: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Plans the local workload of ``k`` sampled clients, a fraction δ of them stragglers (spec D4).
+    """Plans the local workload of ``k`` sampled clients, a fraction δ of them stragglers (decision D4).
 
     ``k − round(k·(1 − δ))`` clients, chosen uniformly, are stragglers, as in FedProx's simulation.
     A straggler manages only F' ~ UniformInt{1, …, F−1} epochs. F' = 0 is excluded on purpose: a

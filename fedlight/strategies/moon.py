@@ -1,7 +1,7 @@
 """MOON: Li, He & Song, *Model-Contrastive Federated Learning*, CVPR 2021.
 
 Each client pulls the representation of its local model towards that of the global model and away from
-that of its own previous local model (spec §5, ``QinbinLi/MOON:main.py:train_net_fedcon``):
+that of its own previous local model (``QinbinLi/MOON:main.py:train_net_fedcon``):
 
     ℓ_con = −log [ exp(cos(z, z_glob)/τ) / (exp(cos(z, z_glob)/τ) + exp(cos(z, z_prev)/τ)) ]
     L = CE + μ ℓ_con

@@ -192,7 +192,7 @@ def test_dirichlet_bad_inputs_name_the_flags() -> None:
 def test_pareto_sizes_sum_exactly_and_are_unequal() -> None:
     sizes = pareto_sizes(6665, 100, gamma=3.0, rng=np.random.default_rng(0))
     assert sizes.sum() == 6665 and sizes.min() >= 1 and sizes.dtype == np.int64
-    # spec §6.5: MO-FedProto's sizes have a coefficient of variation of 0.39, which 100 draws of
+    # MO-FedProto's sizes have a coefficient of variation of 0.39, which 100 draws of
     # 1 + Pareto(3) typically give (median ≈ 0.45; np.random.power(3) would give 0.26)
     cvs = [(s := pareto_sizes(10_000, 100, 3.0, np.random.default_rng(seed))).std() / s.mean() for seed in range(20)]
     assert 0.3 < np.median(cvs) < 0.6

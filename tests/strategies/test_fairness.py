@@ -1,4 +1,4 @@
-"""Fairness (spec D8): every aggregated client weighs 1/K', whatever its n_k."""
+"""Fairness (decision D8): every aggregated client weighs 1/K', whatever its n_k."""
 
 import numpy as np
 import pytest

@@ -53,7 +53,7 @@ def test_straggler_count_follows_fedprox_rounding(k, fraction, stragglers):
 def test_straggler_epochs_are_uniform_on_one_to_f_minus_one():
     rng = np.random.default_rng(3)
     partial = np.concatenate([epochs[mask] for mask, epochs in (straggler_plan(10, 0.8, 5, rng) for _ in range(2000))])
-    assert partial.min() == 1 and partial.max() == 4  # never 0 (spec D4), never F
+    assert partial.min() == 1 and partial.max() == 4  # never 0 (decision D4), never F
     assert stats.chisquare(np.bincount(partial, minlength=5)[1:]).pvalue > 0.01
     full = np.concatenate([epochs[~mask] for mask, epochs in (straggler_plan(10, 0.5, 5, rng) for _ in range(50))])
     assert (full == 5).all()

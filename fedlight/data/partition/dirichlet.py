@@ -1,4 +1,4 @@
-"""Class-wise Dirichlet label skew: MOON's ``noniid-labeldir`` partition (Li et al., 2021), spec §6.6.
+"""Class-wise Dirichlet label skew: MOON's ``noniid-labeldir`` partition (Li et al., 2021)
 
 MOON (``utils.py:partition_data``), followed by FedSLS, splits every class separately: its samples
 are shuffled and cut at the cumulative proportions ``p ~ Dir(α·1_K)``, after zeroing the proportion of

@@ -1,4 +1,4 @@
-"""Pareto client sizes with Dirichlet class mixes: MO-FedProto's Pascal VOC procedure, spec §6.5 steps 2–3.
+"""Pareto client sizes with Dirichlet class mixes: MO-FedProto's Pascal VOC procedure.
 
 Client sizes follow ``n_k ∝ 1 + Pareto(γ)`` (γ = 3 matches the reported coefficient of variation of
 0.39), rounded to sum to the pool size ``N``. Each client's class mix is ``q_k ~ Dir(α·p)`` with ``p``

@@ -1,9 +1,9 @@
-"""Log-normal users over consecutive classes: FedProx's FEMNIST protocol (Li et al., 2020), spec §6.3.
+"""Log-normal users over consecutive classes: FedProx's FEMNIST protocol (Li et al., 2020)
 
 FedProx (``litian96/FedProx:data/nist/data/my_sample.py``) draws ``n_u = LogNormal(4, 1) + 5`` for each
 of 200 users and gives user ``u`` ``max(⌊n_u / k⌋, 2)`` samples of each of the ``k`` classes
 ``(u + j) mod 10``, ``j < k``, read from the shuffled class through a per-class pointer. Two
-departures from that code, both following the spec:
+departures from that code, both following the papers:
 
 - ``k = 5`` classes per user, as the FedProx paper and the prototype-margin paper state (the code has
   ``CLASS_PER_USER = 3``);

@@ -2,7 +2,7 @@
 
 The "#C = k" partition of McMahan et al. (2017) and Li et al. (2022, "Federated Learning on Non-IID
 Data Silos"). Classes are dealt out either consecutively, as FedProx's MNIST and FEMNIST protocols do
-(spec §6.2–6.3: client ``u`` holds ``(u + j) mod C`` for ``j < k``), or as ``k`` distinct classes
+(client ``u`` holds ``(u + j) mod C`` for ``j < k``), or as ``k`` distinct classes
 drawn at random per client. Each class's samples are then shuffled and split as evenly as possible
 among the clients holding it, so that sizes vary only through class sizes and holder counts.
 """

@@ -1,5 +1,5 @@
 """Natural clients: one per writer, user, city or domain, as LEAF (Caldas et al., 2018) and the
-FedProx Synthetic, FEMNIST and CelebA protocols define them (spec §6.1, §6.3, §6.4).
+FedProx Synthetic, FEMNIST and CelebA protocols define them.
 """
 
 from __future__ import annotations

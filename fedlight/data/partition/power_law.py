@@ -1,4 +1,4 @@
-"""Power-law client sizes over consecutive class pairs: FedProx's MNIST protocol (Li et al., 2020), spec §6.2.
+"""Power-law client sizes over consecutive class pairs: FedProx's MNIST protocol (Li et al., 2020)
 
 FedProx (``data/mnist/generate_niid.py``) gives user ``u`` the digits ``l = (u + j) mod 10`` for
 ``j < 2``: first 5 samples of each, read sequentially from the class, then ``props[l, u // 10, j]``

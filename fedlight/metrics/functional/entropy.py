@@ -1,4 +1,4 @@
-"""Pixel-wise entropy maps of a segmentation model: MO-FedProto's H_S and H_E (Sec. 5.2, Fig. 6; spec §1.3, D10).
+"""Pixel-wise entropy maps of a segmentation model: MO-FedProto's H_S and H_E (Sec. 5.2, Fig. 6, D10).
 
 - H_S = H(softmax(logits)) at every pixel: low where the prediction is confident.
 - H_E = H(Ê) with Ê the features normalised to sum to 1 over the channels at each (low-resolution) pixel,

@@ -2,7 +2,7 @@
 
 Michieli & Ozay (Eqs. 16–17) average MMD(P_k, Q) between the features of a federated model and of a
 centrally trained one, citing Gretton et al., "A Kernel Two-Sample Test" (JMLR 2012), without naming the
-kernel. Decision D7 of ``spec.md`` §1.4: the unbiased MMD² estimator with a Gaussian kernel whose
+kernel. Decision D7 (docs/decisions.md): the unbiased MMD² estimator with a Gaussian kernel whose
 bandwidth is the median heuristic on the pooled sample, optionally summed over {0.5, 1, 2} × median.
 """
 

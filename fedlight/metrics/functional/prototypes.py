@@ -3,7 +3,7 @@
 Michieli & Ozay, "Prototype Guided Federated Learning of Visual Feature Representations". The paper calls
 its method FedProto; it is not Tan et al.'s FedProto (AAAI'22), so fedlight calls it MO-FedProto.
 
-Pure tensor functions for Eqs. 4–15 and the decisions D1, D2 and D6 of ``spec.md`` §1.4:
+Pure tensor functions for Eqs. 4–15 and the decisions D1, D2 and D6 of docs/decisions.md:
 
 - class prototypes and counts (Eq. 4), accumulable over batches from sums and counts, also of dense
   (per-pixel) features with label maps downsampled to their resolution (D5);

@@ -1,7 +1,7 @@
 """FedSLS's saliency weights: guided backpropagation to every convolution, reduced to one number per image.
 
 For image i and the output F_l ``[C_l, H_l, W_l]`` of the l-th convolution in forward order (Eqs. 4–8 of
-the FedSLS paper, spec §2.1 and S1–S3):
+the FedSLS paper and S1–S3):
 
     G_l = (∂Y/∂F_l) ⊙ ReLU(F_l)        Y: the ground-truth class logit; ∂ by guided backpropagation
     Ḡ_l = mean over the C_l channels    [H_l, W_l]
@@ -86,7 +86,7 @@ def saliency_norms(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
         inputs: ``[B, ...]`` images.
         targets: ``[B]`` ground-truth classes; Y_i is logit ``targets[i]`` of image i (before softmax).
         guided: guided backpropagation through ReLUs (the paper's); ``false`` uses plain gradients
-            (gradient × activation, spec S1's ablation).
+            (gradient × activation, the ablation of decision S1).
 
     Returns:
         ``[B, L]`` float32 norms, one column per convolution call (a convolution called twice counts twice).
