@@ -2,7 +2,8 @@
 
 Everything is computed from one accumulated confusion matrix M, with M[t, p] the number of valid
 pixels of true class t predicted as p. Confusion matrices of batches, clients and processes add up, so
-the scores of a whole test set are exact whatever the split of the work (decision D9; LADD reports the same confusion-matrix mIoU):
+the scores of a whole test set are exact whatever the split of the work (decision D9; LADD's mIoU is the
+same confusion-matrix score):
 
 - IoU[c] = M[c, c] / (Σ_p M[c, p] + Σ_t M[t, c] − M[c, c]), undefined (NaN) when class c is neither in
   the labels nor in the predictions;
