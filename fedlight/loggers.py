@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -130,9 +129,3 @@ def histogram_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
             out[key] = wandb.Histogram(value)
     return out
 
-
-def format_postfix(metrics: dict[str, float], labels: dict[str, str]) -> dict[str, str]:
-    """A short progress-bar postfix: ``{label: value}`` for the ``{label: metric key}`` pairs present."""
-    return {
-        label: f"{metrics[key]:.4g}" for label, key in labels.items() if key in metrics and math.isfinite(metrics[key])
-    }

@@ -38,18 +38,18 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from torchmetrics import Metric
-from tqdm.auto import tqdm
 
 from fedlight import checkpoint as ckpt_io
 from fedlight.bank import ModelBank, RoundSums, cluster_entry_names
 from fedlight.batched import BatchedLocalFit, batching_blocker, optimizer_factory
 from fedlight.callbacks.base import RoundCallback
 from fedlight.clients.base import FederatedClient, LocalFit
+from fedlight.console import RunConsole
 from fedlight.context import RunContext
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.distributed import ClientParallelStrategy, assign_clients
 from fedlight.errors import ConfigError
-from fedlight.loggers import RoundCSV, format_postfix, histogram_metrics, scalar_metrics, wandb_logger
+from fedlight.loggers import RoundCSV, histogram_metrics, scalar_metrics, wandb_logger
 from fedlight.state import FlatState, freeze_modes, freeze_parameters
 from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
 from fedlight.strategies.functional import straggler_plan
@@ -233,6 +233,7 @@ class FederatedTrainer:
         #: bytes of the last round's aggregation buffers: W^t (fp32) and the streamed sums (fp64)
         self.aggregation_nbytes = 0
         self.context = RunContext(self)
+        self.console = RunConsole(enabled=False, progress_bar=False)  # fit sets up the run's own
         self._forked = False  # true inside the processes that start_method=fork created
 
     @property
@@ -273,14 +274,12 @@ class FederatedTrainer:
         fabric.call("on_fit_start", context)
         self.strategy.on_fit_start(context)
         self._setup_clusters()
-        bar = tqdm(
-            total=self.rounds,
-            initial=self.round,
-            desc="rounds",
-            unit="round",
-            dynamic_ncols=True,
-            disable=not self.enable_progress_bar or fabric.global_rank != 0,
-        )
+        console = self.console = RunConsole(fabric.global_rank == 0, self.enable_progress_bar)
+        first = self.round
+        console.start(
+            name=self.name, run_dir=self.run_dir, seed=self.seed, clients=datamodule.num_clients,
+            per_round=self.clients_per_round, first=first, rounds=self.rounds, strategy=type(strategy).__name__,
+        )  # fmt: skip
         metrics: dict[str, float] = self.history[-1] if self.history else {}
         for round_idx in range(self.round, self.rounds):
             started = time.perf_counter()
@@ -295,11 +294,10 @@ class FederatedTrainer:
             metrics = self._log(metrics)
             if self.round % self.checkpoint_every == 0 or last:
                 self.save_checkpoint(self.run_dir / "checkpoints" / "last.ckpt")
-            bar.set_postfix(format_postfix(metrics, {"test_acc": "test/acc", "train_loss": "train/loss"}))
-            bar.update(1)
-        bar.close()
+            console.round_end(round_idx, self.rounds, metrics)
         fabric.call("on_fit_end", context)
         self._finish_loggers()
+        console.end(metrics, self.run_dir, self.round - first)
         return metrics
 
     def validate(
@@ -554,7 +552,7 @@ class FederatedTrainer:
         """Each of ``plans``' update and final state: one client after another, or vectorised in chunks."""
         chunk = self._batching_chunk(plans)
         if chunk is None:
-            for plan in tqdm(plans, desc=f"round {round_idx}", unit="client", leave=False, disable=self._quiet()):
+            for plan in self.console.clients(plans, round_idx):
                 yield self._fit_client(round_idx, plan)
             return
         for start in range(0, len(plans), chunk):
@@ -916,9 +914,6 @@ class FederatedTrainer:
             for key, value in metrics.items():
                 print(f"{key:<{width}}  {value:.6g}")
         return metrics
-
-    def _quiet(self) -> bool:
-        return not self.enable_progress_bar or self.fabric.global_rank != 0
 
     def all_gather_objects(self, obj: Any) -> list[Any]:
         gathered: list[Any] = [None] * self.fabric.world_size

@@ -429,3 +429,30 @@ def test_several_optimizers_each_step_per_batch_and_are_recreated_every_round():
     after_two = after_one - lr * (after_one - 2.0)
     torch.testing.assert_close(trainer.global_state, after_two)
     assert model.configured == 2  # once per round
+
+
+def test_a_run_in_a_log_prints_a_start_line_one_line_per_round_and_a_summary(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    trainer = make_trainer(tmp_path, rounds=3, enable_progress_bar=True, logger=["csv", "wandb"])
+    trainer.fit(make_model(), synthetic_data(), FedAvg(), config={"trainer": {"rounds": 3}})
+    out, err = capsys.readouterr()  # pytest's capture is no terminal: no bars
+    lines = out.strip().splitlines()
+    assert lines[0].startswith(f"fedlight: fedlight → {trainer.run_dir} | seed 0 | FedAvg, 4 of 8 clients per round")
+    rounds = [line for line in lines if line.startswith("round ")]
+    assert [line.split()[1] for line in rounds] == ["1/3", "2/3", "3/3"]
+    assert all("test/acc" in line and "train/loss" in line for line in rounds)
+    assert "\r" not in out + err and "\x1b[" not in out + err
+    summary = "\n".join(lines[lines.index(rounds[-1]) + 1 :])
+    assert "fedlight: 3 rounds in" in summary
+    assert f"run folder: {trainer.run_dir} (metrics.csv, config.yaml, checkpoints/last.ckpt)" in summary
+    assert f"wandb sync {trainer.run_dir / 'wandb'}/offline-run-*" in summary
+
+
+def test_a_long_run_prints_every_nth_round_and_the_last(tmp_path, capsys):
+    trainer = make_trainer(
+        tmp_path, rounds=120, local_epochs=1, clients_per_round=1, straggler_fraction=0.0, eval_every=60,
+        checkpoint_every=60,
+    )  # fmt: skip
+    trainer.fit(make_model(), synthetic_data(), FedAvg())
+    rounds = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("round ")]
+    assert rounds == [f"{r}/120" for r in range(3, 121, 3)]  # ⌈120/50⌉ = 3

@@ -1,0 +1,113 @@
+"""What a run prints: a start line, its progress and an end summary.
+
+On a terminal, progress is tqdm's bars over rounds and over the clients of a round. Anywhere else (a CI log,
+a SLURM output file, ``--trainer.enable_progress_bar=false``) bars would write carriage returns and escape
+codes, one line per client; instead one plain line is printed every round (every ⌈T/50⌉ rounds for longer
+runs, and always for the last). Only rank 0 prints.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
+
+from tqdm.auto import tqdm
+
+T = TypeVar("T")
+
+#: Metrics shown in round lines and the summary, in this order, when the run has them.
+SHOWN = ("train/loss", "test/acc", "test/miou", "test/loss", "clients/acc", "clients/miou", "test/routed/acc")
+
+
+def format_metrics(metrics: dict[str, float], keys: Iterable[str] = SHOWN) -> str:
+    """``key value`` pairs for the keys present and finite.
+
+    >>> format_metrics({"test/acc": 0.83125, "train/loss": 0.5, "round": 3.0})
+    'train/loss 0.5  test/acc 0.8312'
+    """
+    shown = [f"{key} {metrics[key]:.4g}" for key in keys if key in metrics and math.isfinite(metrics[key])]
+    return "  ".join(shown)
+
+
+class RunConsole:
+    """Prints a run's start, progress and end.
+
+    Args:
+        enabled: whether this process prints (rank 0).
+        progress_bar: the user's ``enable_progress_bar``; bars also need a terminal.
+        out: where lines go (standard output by default).
+        terminal: whether bars can be drawn (by default: standard error is a terminal).
+    """
+
+    def __init__(
+        self, enabled: bool, progress_bar: bool, out: TextIO | None = None, terminal: bool | None = None
+    ) -> None:
+        self.enabled = enabled
+        self.out = out or sys.stdout
+        terminal = sys.stderr.isatty() if terminal is None else terminal
+        self.bars = enabled and progress_bar and terminal
+        self._bar: Any = None
+        self._started = time.perf_counter()
+        self._every = 1
+
+    def print(self, line: str) -> None:
+        if self.enabled:
+            print(line, file=self.out, flush=True)
+
+    def start(
+        self,
+        *,
+        name: str,
+        run_dir: Path | None,
+        seed: int,
+        clients: int,
+        per_round: int,
+        first: int,
+        rounds: int,
+        strategy: str,
+    ) -> None:
+        """The start line; opens the rounds bar on a terminal."""
+        self._started = time.perf_counter()
+        self._every = max(1, math.ceil(rounds / 50))
+        resumed = f", resuming at round {first}" if first else ""
+        self.print(
+            f"fedlight: {name} → {run_dir} | seed {seed} | {strategy}, {per_round} of {clients} clients per round, "
+            f"{rounds} rounds{resumed}"
+        )
+        if self.bars:
+            self._bar = tqdm(total=rounds, initial=first, desc="rounds", unit="round", dynamic_ncols=True)
+
+    def clients(self, plans: list[T], round_idx: int) -> Iterator[T] | list[T]:
+        """The round's clients, behind a nested bar on a terminal."""
+        if not self.bars:
+            return plans
+        return tqdm(plans, desc=f"round {round_idx}", unit="client", leave=False, dynamic_ncols=True)
+
+    def round_end(self, round_idx: int, rounds: int, metrics: dict[str, float]) -> None:
+        """Updates the bar, or prints the round's line when it is due."""
+        if self._bar is not None:
+            self._bar.set_postfix_str(format_metrics(metrics, ("train/loss", "test/acc", "test/miou")))
+            self._bar.update(1)
+        elif (round_idx + 1) % self._every == 0 or round_idx == rounds - 1:
+            seconds = metrics.get("round/time_s", math.nan)
+            self.print(f"round {round_idx + 1}/{rounds}  {format_metrics(metrics)}  {seconds:.1f} s")
+
+    def end(self, metrics: dict[str, float], run_dir: Path | None, rounds_run: int) -> None:
+        """The summary: final metrics, where the run's files are, how to upload an offline W&B run."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        minutes, seconds = divmod(time.perf_counter() - self._started, 60)
+        self.print(f"fedlight: {rounds_run} rounds in {int(minutes)} min {seconds:.0f} s")
+        if metrics:
+            self.print(f"  {format_metrics(metrics)}")
+        if run_dir is None:
+            return
+        files = [name for name in ("metrics.csv", "config.yaml", "checkpoints/last.ckpt") if (run_dir / name).exists()]
+        self.print(f"  run folder: {run_dir}" + (f" ({', '.join(files)})" if files else ""))
+        if any((run_dir / "wandb").glob("offline-run-*")):
+            self.print(f"  W&B (offline): wandb sync {run_dir / 'wandb'}/offline-run-*")
