@@ -127,32 +127,63 @@ class BatchedLocalFit:
         ]
         optimizer = make_optimizer(stacked)
         names = [f"client.{e.name}" for e in entries]
+        slots = list(range(k))  # stack position → client: the clients still training
         loss_sums = torch.zeros(k, dtype=torch.float32, device=start.device)
         finals: list[torch.Tensor | None] = [start[i].float() if not batches[i] else None for i in range(k)]
         for j in range(max((len(b) for b in batches), default=0)):
-            active = [i for i in range(k) if j < len(batches[i])]
-            grads = [torch.zeros_like(p) for p in stacked]
-            by_size: dict[int, list[int]] = {}
-            for i in active:  # clients whose batch has the same size are vectorised together
-                by_size.setdefault(len(batches[i][j][1]), []).append(i)
-            for group in by_size.values():
-                index = torch.tensor(group, device=start.device)
-                params = {name: p.detach()[index] for name, p in zip(names, stacked, strict=True)}
+            active = [i for i in slots if j < len(batches[i])]
+            if len(active) < len(slots):  # drop the finished clients from the stack once, not at every step
+                stacked, optimizer = _compact(stacked, optimizer, [slots.index(i) for i in active], make_optimizer)
+                slots = active
+            by_size: dict[int, list[int]] = {}  # clients whose batches have one size are vectorised together
+            for position, i in enumerate(slots):
+                by_size.setdefault(len(batches[i][j][1]), []).append(position)
+            whole = len(by_size) == 1  # the usual case: every client in one group, no gather or scatter
+            grads = None if whole else [torch.zeros_like(p) for p in stacked]
+            for positions in by_size.values():
+                index = torch.tensor(positions, device=start.device)
+                params = {n: p.detach() if whole else p.detach()[index] for n, p in zip(names, stacked, strict=True)}
+                clients = [slots[position] for position in positions]
                 x, y = self.precision.convert_input(
-                    (torch.stack([batches[i][j][0] for i in group]), torch.stack([batches[i][j][1] for i in group]))
+                    (torch.stack([batches[i][j][0] for i in clients]), torch.stack([batches[i][j][1] for i in clients]))
                 )
                 with self.precision.forward_context():
                     group_grads, losses = self._grads(params, x, y)
-                for grad, name in zip(grads, names, strict=True):
-                    grad[index] = group_grads[name].to(grad.dtype)
-                loss_sums[index] += losses.detach().float()
+                if whole:
+                    grads = [group_grads[n].to(p.dtype) for n, p in zip(names, stacked, strict=True)]
+                else:
+                    for grad, name in zip(grads, names, strict=True):
+                        grad[index] = group_grads[name].to(grad.dtype)
+                loss_sums[torch.tensor(clients, device=start.device)] += losses.detach().float()
             for p, grad in zip(stacked, grads, strict=True):
                 p.grad = grad
             optimizer.step()
-            for i in active:
-                if j == len(batches[i]) - 1:  # its last step: its state is final, later steps must not count
-                    finals[i] = torch.cat([p.detach()[i].reshape(-1).float() for p in stacked])
+            for position, i in enumerate(slots):
+                if j == len(batches[i]) - 1:  # its last step: its state is final
+                    finals[i] = torch.cat([p.detach()[position].reshape(-1).float() for p in stacked])
         return [(loss_sums[i], len(batches[i]), finals[i]) for i in range(k)]
+
+
+def _compact(
+    stacked: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    keep: list[int],
+    make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
+    """The stacked parameters and optimizer state of the positions ``keep`` only.
+
+    Per-client optimizer state (momentum, Adam's moments) has the stack's leading axis and is sliced with
+    the parameters; shared entries (Adam's step count, equal for every client still training) are kept.
+    """
+    index = torch.tensor(keep, device=stacked[0].device)
+    kept = [p.detach()[index].clone().requires_grad_(True) for p in stacked]
+    compacted = make_optimizer(kept)
+    for old, new in zip(stacked, kept, strict=True):
+        compacted.state[new] = {
+            key: value[index].clone() if torch.is_tensor(value) and value.dim() > 0 else value
+            for key, value in optimizer.state.get(old, {}).items()
+        }
+    return kept, compacted
 
 
 def optimizer_factory(configured: torch.optim.Optimizer) -> Callable[[list[torch.Tensor]], torch.optim.Optimizer]:

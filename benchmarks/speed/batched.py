@@ -10,9 +10,10 @@ Workloads:
   (a) the prototype paper's Synthetic(1,1) MLP (speed harness workload (a)), 10 clients per round, F = 20;
   (b) the MNIST-protocol CNN on digits (workload (b));
   (x) cross-device, of pfl-research's benchmark shape: 1000 users × 50 random 3×32×32 images of 10
-      classes, cohort 50, one local epoch, batch 10, a 2-conv CNN, SGD lr 0.01.
+      classes, cohort 50, one local epoch, batch 10, a 2-conv CNN, SGD lr 0.01;
+  (m) the MLP of (a) on equal clients: 200 users × 50 random 60-D vectors, 10 per round, F = 5.
 
-    python benchmarks/speed/batched.py                  # (a), (b), (x): 10 rounds × 2 repeats
+    python benchmarks/speed/batched.py                  # (a), (b), (m), (x): 10 rounds × 2 repeats
     python benchmarks/speed/batched.py --reduced        # CI: (x) with 100 users, 3 rounds, 1 repeat
     python benchmarks/speed/batched.py --workloads x --rounds 20 --repeats 3
 """
@@ -39,13 +40,13 @@ from fedlight.trainer import FederatedTrainer  # noqa: E402
 
 
 class CrossDevice(FederatedDataset):
-    """``users`` users with 50 random 3×32×32 images each, labels uniform over 10 classes (seeded)."""
+    """``users`` users with 50 random samples (3×32×32 images by default) each, labels uniform over 10 classes."""
 
     num_classes = 10
     input_shape = (3, 32, 32)
 
-    def __init__(self, users: int = 1000, per_user: int = 50) -> None:
-        self.users, self.per_user = users, per_user
+    def __init__(self, users: int = 1000, per_user: int = 50, shape: tuple[int, ...] = (3, 32, 32)) -> None:
+        self.users, self.per_user, self.input_shape = users, per_user, shape
 
     def load_train(self) -> LabelledTensors:
         generator = torch.Generator().manual_seed(0)
@@ -62,8 +63,12 @@ def workload(name: str, reduced: bool):
         data = FederatedDataModule(Synthetic(alpha=1.0, beta=1.0), batch_size=10)
         return data, {"num_classes": 10, "input_shape": (60,), "model": "mlp", "optimizer": sgd}, 10, 20
     if name == "b":
-        data = FederatedDataModule(Digits(), PowerLaw(num_clients=100, seed=0), batch_size=10)
+        partition = PowerLaw(num_clients=100, classes_per_client=2, base_samples=2)
+        data = FederatedDataModule(Digits(), partition, batch_size=10)
         return data, {"num_classes": 10, "input_shape": (1, 8, 8), "model": "cnn", "optimizer": sgd}, 10, 20
+    if name == "m":  # the MLP of (a) on equal clients: 200 users × 50 vectors, 10 per round, F = 5
+        data = FederatedDataModule(CrossDevice(200, shape=(60,)), batch_size=10, test_fraction=0.0)
+        return data, {"num_classes": 10, "input_shape": (60,), "model": "mlp", "optimizer": sgd}, 10, 5
     users = 100 if reduced else 1000
     data = FederatedDataModule(CrossDevice(users), batch_size=10, test_fraction=0.0)
     kwargs = {"num_classes": 10, "input_shape": (3, 32, 32), "model": "cnn", "optimizer": sgd}
@@ -92,7 +97,7 @@ def run(name: str, batching, rounds: int, reduced: bool) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", default="a,b,x", help="comma-separated: a, b, x")
+    parser.add_argument("--workloads", default="a,b,m,x", help="comma-separated: a, b, m, x")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--reduced", action="store_true", help="CI: workload x with 100 users, 3 rounds, 1 repeat")
