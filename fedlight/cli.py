@@ -23,6 +23,7 @@ import copy
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter, Namespace
 from jsonargparse import Path as ConfigPath
 
+from fedlight import checkpoint as ckpt_io
 from fedlight.clients.base import FederatedClient
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.errors import ConfigError
@@ -228,9 +230,13 @@ def run(args: list[str] | None = None) -> dict[str, float]:
     import lightning
 
     parser = build_parser()
-    cfg = parser.parse_args(args)
+    args = list(sys.argv[1:] if args is None else args)
+    with tempfile.TemporaryDirectory(prefix="fedlight-config-") as folder:
+        cfg = parser.parse_args(_with_checkpoint_config(args, Path(folder)))
     name = cfg.subcommand
     sub_cfg: Namespace = cfg[name]
+    if sub_cfg.ckpt_path == "last":
+        sub_cfg.ckpt_path = str(_last_checkpoint(Path(sub_cfg.trainer.default_root_dir) / sub_cfg.trainer.name))
     resolved = _resolved_config(parser, cfg, name)
     lightning.seed_everything(sub_cfg.seed_everything, verbose=False)
     try:
@@ -240,6 +246,49 @@ def run(args: list[str] | None = None) -> dict[str, float]:
         raise _config_error_in(err) or err from None
     method = getattr(objects.trainer, name)
     return method(objects.model, objects.data, objects.strategy, ckpt_path=sub_cfg.ckpt_path, config=resolved)
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The value of ``--flag=value`` or ``--flag value`` in ``args`` (the last one given)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg.startswith(f"{flag}="):
+            value = arg.split("=", 1)[1]
+        elif arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+    return value
+
+
+def _with_checkpoint_config(args: list[str], folder: Path) -> list[str]:
+    """``validate``/``test`` with ``--ckpt_path`` and no ``--config``: the checkpoint's own configuration is
+    stacked first, so later flags change only what they name (the data, the evaluation, the devices)."""
+    if not args or args[0] not in ("validate", "test"):
+        return args
+    if any(arg in ("-c", "--config") or arg.startswith(("--config=", "-c=")) for arg in args[1:]):
+        return args
+    path = _flag_value(args, "--ckpt_path")
+    if path is None or path == "last":
+        return args
+    config = ckpt_io.load(path).get("config")
+    if config is None:
+        raise ConfigError(
+            f"--ckpt_path {path} holds no configuration (it was written from Python): pass the run's --config too."
+        )
+    stored = folder / "checkpoint_config.yaml"
+    stored.write_text(yaml.safe_dump({k: v for k, v in config.items() if k != "ckpt_path"}, sort_keys=False))
+    return [args[0], "--config", str(stored), *args[1:]]
+
+
+def _last_checkpoint(run_root: Path) -> Path:
+    """``--ckpt_path last``: ``checkpoints/last.ckpt`` of the newest ``version_<n>`` under ``run_root``."""
+    versions = [p for p in run_root.glob("version_*") if p.name.split("_")[1].isdigit()]
+    for version in sorted(versions, key=lambda p: int(p.name.split("_")[1]), reverse=True):
+        if (version / "checkpoints" / "last.ckpt").is_file():
+            return version / "checkpoints" / "last.ckpt"
+    raise ConfigError(
+        f"--ckpt_path last found no checkpoints/last.ckpt under {run_root}/version_*. Pass the checkpoint's path, "
+        "or the --config (and --trainer.name / --trainer.default_root_dir) of the run that wrote it."
+    )
 
 
 def _resolved_config(parser: ArgumentParser, cfg: Namespace, name: str) -> dict[str, Any]:

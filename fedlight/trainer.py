@@ -323,7 +323,7 @@ class FederatedTrainer:
         return self._in_processes(self._evaluate_only, model, datamodule, strategy, ckpt_path, config, clients=False)
 
     def _evaluate_only(self, model, datamodule, strategy, ckpt_path, config, clients: bool) -> dict[str, float]:
-        self._setup(model, datamodule, strategy, ckpt_path, config, logging=False)
+        self._setup(model, datamodule, strategy, ckpt_path, config, logging=False, evaluating=True)
         self._setup_clusters()
         return self._report(self._evaluate(clients=clients, test=not clients))
 
@@ -372,6 +372,7 @@ class FederatedTrainer:
         ckpt_path: str | Path | None,
         config: dict[str, Any] | None,
         logging: bool = True,
+        evaluating: bool = False,
     ) -> None:
         fabric = self.fabric
         if not self._forked:  # forked processes were launched already
@@ -407,7 +408,7 @@ class FederatedTrainer:
         self.wandb_id = os.environ.get("WANDB_RUN_ID") or uuid.uuid4().hex[:8]
         self.round, self.history = 0, []
         if ckpt_path is not None:
-            self._restore(ckpt_io.load(ckpt_path))
+            self._restore(ckpt_io.load(ckpt_path), evaluating)
             run_dir = Path(ckpt_path).resolve().parent.parent
         else:
             run_dir = self._new_run_dir() if logging else None
@@ -840,20 +841,22 @@ class FederatedTrainer:
             "config": self.config,
         }
 
-    def _restore(self, state: dict[str, Any]) -> None:
+    def _restore(self, state: dict[str, Any], evaluating: bool = False) -> None:
+        """Checks that a checkpoint belongs to this run, then loads it. Evaluating it needs only the same model
+        and strategy: data, evaluation and training settings may differ."""
         problems = []
         saved_layout = [(name, tuple(t.shape)) for name, t in state["global_state"].items() if t.is_floating_point()]
         saved_frozen = sorted(state.get("frozen_state") or {})
         if saved_layout != self.layout.signature() or saved_frozen != sorted(self.layout.frozen_names):
             problems.append("its model has different parameters (names, shapes or frozen parts) than --model")
-        if state["num_samples"] != self.datamodule.num_samples.tolist():
+        if not evaluating and state["num_samples"] != self.datamodule.num_samples.tolist():
             problems.append("its clients' sample counts differ from this --data partition")
         strategy_class = type(self.strategy).__qualname__
         if state["strategy"]["class"] != strategy_class:
             problems.append(f"it was trained with strategy {state['strategy']['class']}, not {strategy_class}")
-        if state["seed"] != self.seed:
+        if not evaluating and state["seed"] != self.seed:
             problems.append(f"it was trained with seed_everything={state['seed']}, not {self.seed}")
-        if state["config"] is not None and self.config is not None:
+        if not evaluating and state["config"] is not None and self.config is not None:
             problems += ckpt_io.config_differences(state["config"], self.config)
         if problems:
             raise ConfigError(

@@ -100,6 +100,33 @@ def test_fit_then_validate_and_test_a_checkpoint(tmp_path, capsys):
     assert tested["test/acc"] == pytest.approx(metrics["test/acc"])
     assert "clients/acc" in capsys.readouterr().out
 
+    # the checkpoint alone: its stored configuration is used; training settings may differ from it
+    alone = run(["test", "--ckpt_path", ckpt])
+    other_training = run(["test", "--config", SYNTHETIC, "--trainer.local_epochs=7", "--ckpt_path", ckpt, *QUICK])
+    assert alone["test/acc"] == other_training["test/acc"] == pytest.approx(metrics["test/acc"])
+    last = ["--config", SYNTHETIC, f"--trainer.default_root_dir={root}", "--ckpt_path", "last", *QUICK]
+    assert run(["validate", *last])["clients/acc"] == pytest.approx(metrics["clients/acc"])
+
+    # outside fedlight: the client module takes the checkpoint's weights with one call
+    from fedlight.clients import ClassificationClient
+    from fedlight.data import FederatedDataModule, Synthetic
+
+    module = ClassificationClient(num_classes=10, input_shape=(60,), model="mlp", model_kwargs={"hidden": [128, 256]})
+    module.load_state_dict(ckpt_io.read_weights(ckpt))
+    data = FederatedDataModule(Synthetic(alpha=1.0, beta=1.0), batch_size=10)
+    data.setup()
+    correct = total = 0
+    for x, y, _ in data.held_out_batches():
+        correct += int((module.eval()(x).argmax(1) == y).sum())
+        total += len(y)
+    assert correct / total == pytest.approx(validated["clients/acc"])  # the same model, outside fedlight
+
+
+def test_last_without_a_run_names_where_it_looked(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["test", "--config", SYNTHETIC, f"--trainer.default_root_dir={tmp_path}", "--ckpt_path", "last"])
+    assert f"--ckpt_path last found no checkpoints/last.ckpt under {tmp_path}/fedavg_delta0" in capsys.readouterr().err
+
 
 def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path):
     args = ["fit", "--config", SYNTHETIC, "--trainer.rounds=1", "--trainer.logger=csv", *QUICK]
