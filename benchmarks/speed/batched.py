@@ -21,8 +21,11 @@ Workloads:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -79,12 +82,15 @@ def run(name: str, batching, rounds: int, reduced: bool) -> dict:
     data, kwargs, per_round, epochs = workload(name, reduced)
     torch.manual_seed(0)
     model = ClassificationClient(**kwargs)
-    trainer = FederatedTrainer(
-        rounds=rounds, clients_per_round=per_round, local_epochs=epochs, eval_every=rounds, logger=None,
-        enable_progress_bar=False, client_batching=batching, seed=0,
-    )  # fmt: skip
-    started = time.perf_counter()
-    trainer.fit(model, data, FedAvg())
+    with tempfile.TemporaryDirectory(prefix="fedlight-batched-") as root:
+        trainer = FederatedTrainer(
+            rounds=rounds, clients_per_round=per_round, local_epochs=epochs, eval_every=rounds,
+            checkpoint_every=rounds, logger=None, enable_progress_bar=False, client_batching=batching, seed=0,
+            default_root_dir=root,
+        )  # fmt: skip
+        started = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()):  # the runs' own progress lines
+            trainer.fit(model, data, FedAvg())
     times = [row["round/time_s"] for row in trainer.history[1:]]
     return {
         "round_s": statistics.median(times),
