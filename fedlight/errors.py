@@ -36,6 +36,9 @@ class RunInterrupted(KeyboardInterrupt):
             message = f"stopped at once by a second {signal_name}; the last checkpoint is {checkpoint} (round {round})"
         super().__init__(message)
 
+    def __reduce__(self):  # crosses from a forked rank 0 to the process that launched it
+        return type(self), (self.signal_name, self.checkpoint, self.round, self.saved)
+
     @property
     def exit_code(self) -> int:
         """The shell's code for a process ended by the signal: 128 + its number."""

@@ -359,14 +359,12 @@ class FederatedTrainer:
 
     def _stop_requested(self, stop: StopRequest) -> bool:
         """Whether any process received a stop signal: all of them stop after the same round."""
-        if self.fabric.world_size == 1:
-            return stop.requested is not None
-        flag = torch.tensor(float(stop.requested is not None), device=self.fabric.device)
-        if stop.requested is None:
-            stop.requested = "SIGTERM" if float(self.fabric.all_reduce(flag, reduce_op="sum")) > 0 else None
-            return stop.requested is not None
-        self.fabric.all_reduce(flag, reduce_op="sum")
-        return True
+        requested = stop.requested is not None
+        if self.fabric.world_size > 1:
+            flag = torch.tensor(float(requested), device=self.fabric.device)
+            requested = float(self.fabric.all_reduce(flag, reduce_op="sum")) > 0
+            stop.requested = stop.requested or ("SIGTERM" if requested else None)  # another process's signal
+        return requested
 
     # -- processes -----------------------------------------------------------------------------------
     def _in_processes(self, work: Callable[..., dict[str, float]], model, datamodule, strategy, *args, **kwargs):
@@ -376,7 +374,8 @@ class FederatedTrainer:
             return work(model, datamodule, strategy, *args, **kwargs)
         # Rank 0 hands its outcome back through a file: Fabric returns it through a pipe that is read only
         # after the processes exit, so anything over the pipe's buffer (~64 KiB) would never be sent.
-        with tempfile.TemporaryDirectory(prefix="fedlight-fork-") as folder:
+        # A Ctrl-C reaches the forked processes too, which end their round and save; this one waits for them.
+        with tempfile.TemporaryDirectory(prefix="fedlight-fork-") as folder, StopRequest(announce=False):
             outcome_file = Path(folder) / "outcome.pkl"
             self.fabric.launch(self._forked_work, outcome_file, work, model, datamodule, strategy, *args, **kwargs)
             outcome = pickle.loads(outcome_file.read_bytes())
