@@ -270,7 +270,7 @@ class FederatedTrainer:
         except KeyboardInterrupt as err:  # a second signal, or one before the rounds began
             if isinstance(err, RunInterrupted):
                 raise
-            last = self.run_dir / "checkpoints" / ckpt_io.LAST if self.run_dir is not None else None
+            last = (self.run_dir / "checkpoints" / ckpt_io.LAST).absolute() if self.run_dir is not None else None
             saved = ckpt_io.saved_round(last) if last is not None else None
             name = str(err.args[0]) if err.args and str(err.args[0]).startswith("SIG") else "SIGINT"
             raise RunInterrupted(name, last if saved is not None else None, saved, saved=False) from None
@@ -322,7 +322,7 @@ class FederatedTrainer:
             if stopping and not last:
                 bar.close()
                 self._finish_loggers()
-                path = self.run_dir / "checkpoints" / ckpt_io.LAST
+                path = (self.run_dir / "checkpoints" / ckpt_io.LAST).absolute()
                 self._interrupted = RunInterrupted(stop.requested or "SIGINT", path, self.round, saved=True)
                 return metrics
         bar.close()

@@ -138,3 +138,14 @@ def test_sigterm_from_another_process_writes_a_checkpoint(tmp_path):
     saved = ckpt_io.load(metrics.parent / "checkpoints" / "last.ckpt")
     assert saved["round"] >= 2 and saved["round"] == len(saved["history"])
     assert "stopped by SIGTERM after round" in (tmp_path / "stderr.txt").read_text()
+
+
+def test_forked_ranks_stop_together_and_the_stop_reaches_the_launching_process(tmp_path):
+    trainer = FederatedTrainer(
+        rounds=4, clients_per_round=3, local_epochs=1, checkpoint_every=10, logger="csv", enable_progress_bar=False,
+        default_root_dir=tmp_path, callbacks=[SignalAtRound(1, "SIGTERM")], devices=2, start_method="fork",
+    )  # fmt: skip
+    with pytest.raises(RunInterrupted) as err:
+        trainer.fit(make_model(), make_data(), FedAvg())
+    assert (err.value.signal_name, err.value.round, err.value.exit_code) == ("SIGTERM", 2, 143)
+    assert trainer.round == 2 and ckpt_io.load(trainer.run_dir / "checkpoints" / "last.ckpt")["round"] == 2
