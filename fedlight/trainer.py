@@ -21,6 +21,7 @@ hooks' first argument.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -283,6 +284,18 @@ class FederatedTrainer:
             self._setup(model, datamodule, strategy, ckpt_path, config)
             with StopRequest(announce=self.fabric.global_rank == 0) as stop:
                 return self._rounds(stop)
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT) or self.run_dir is None:
+                raise
+            last = self.run_dir / "checkpoints" / ckpt_io.LAST
+            advice = (
+                f"the last checkpoint is intact: free space and resume with --ckpt_path {last}"
+                if last.is_file()
+                else "no checkpoint was written yet: free space and start again"
+            )
+            raise ConfigError(
+                f"No space left on the disk while writing the run's files in {self.run_dir}; {advice}."
+            ) from None
         finally:
             if self._lock is not None:
                 self._lock.release()

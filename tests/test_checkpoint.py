@@ -13,6 +13,7 @@ from fedlight import checkpoint as ckpt_io
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, NpzDataset, Synthetic
 from fedlight.errors import ConfigError
+from fedlight.loggers import RoundCSV
 from fedlight.strategies import FedAvg
 from fedlight.trainer import FederatedTrainer
 
@@ -203,3 +204,27 @@ def test_settings_that_do_not_change_results_may_change_on_resume():
     assert ckpt_io.config_differences(saved, current) == []
     current["trainer"]["local_epochs"] = 3
     assert ckpt_io.config_differences(saved, current) == ["trainer.local_epochs: 2 in the checkpoint, 3 now"]
+
+
+def test_a_full_disk_while_logging_is_one_message_naming_the_checkpoint(tmp_path, monkeypatch):
+    run = trainer(tmp_path, "run", rounds=4, checkpoint_every=1)
+
+    def full(self, row):
+        if row["round"] == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(RoundCSV, "log", full)
+    with pytest.raises(ConfigError) as err:
+        run.fit(make_model(), make_data(), FedAvg())
+    last = run.run_dir / "checkpoints" / "last.ckpt"
+    assert f"No space left on the disk while writing the run's files in {run.run_dir}" in str(err.value)
+    assert f"resume with --ckpt_path {last}" in str(err.value) and ckpt_io.load(last)["round"] == 2
+
+
+def test_a_damaged_checkpoint_is_refused_as_init_from(tmp_path):
+    _, folder = four_rounds(tmp_path)
+    state = torch.load(folder / "last.ckpt", weights_only=True)
+    next(iter(state["global_state"].values())).view(-1)[0] += 1.0
+    torch.save(state, folder / "last.ckpt")
+    with pytest.raises(ConfigError, match=r"--trainer.init_from .*last.ckpt is corrupted"):
+        ckpt_io.read_weights(folder / "last.ckpt")
