@@ -1030,8 +1030,10 @@ def _check_model(model: FederatedClient) -> None:
     if callable(optimizer) and not isinstance(optimizer, torch.nn.Module):
         try:  # on a stand-in parameter: the model's own are not touched
             optimizer([torch.nn.Parameter(torch.zeros(1))])
-        except ValueError as err:
+        except ValueError as err:  # torch.optim's checks of lr, momentum, betas, weight_decay…
             problems.append(f"--model.init_args.optimizer refuses its settings: {err}. Fix them in the config.")
+        except Exception:  # not a params → optimizer callable after all; configure_optimizers decides
+            pass
     if problems:
         raise ConfigError(*problems)
 
