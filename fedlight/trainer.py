@@ -8,7 +8,7 @@ One round, as :meth:`FederatedTrainer._run_round` reads top to bottom::
                → the strategy's server update
     evaluate   every ``eval_every`` rounds: the clients' held-out splits and the global test set
     log        metrics.csv and W&B, the round as the step
-    checkpoint every ``checkpoint_every`` rounds and at the end, atomically
+    checkpoint every ``checkpoint_every`` rounds, at the end and when SIGINT/SIGTERM asked to stop, atomically
 
 Randomness is derived, never carried: the round's sampling draws from a generator seeded by
 ``(seed, round)`` and each client's shuffling and dropout from ``(seed, round, client)``. Results
@@ -79,7 +79,9 @@ class FederatedTrainer:
         straggler_fraction: δ ∈ [0, 1], the share of each round's clients that can only do
             F' ~ UniformInt{1, …, F−1} epochs; the strategy drops or tolerates them.
         eval_every: evaluate the global model every this many rounds (and after the last one).
-        checkpoint_every: write ``checkpoints/last.ckpt`` every this many rounds (and after the last one).
+        checkpoint_every: write ``checkpoints/last.ckpt`` every this many rounds (and after the last one, and
+            after the round in which SIGINT or SIGTERM asked the run to stop); the one before stays as
+            ``previous.ckpt``.
         accelerator: Fabric accelerator: ``cpu``, ``cuda``, ``mps`` or ``auto``.
         devices: processes per node; with more than one, each round's clients are spread over them
             (greedy by size) and aggregated with one all-reduce.
@@ -255,7 +257,9 @@ class FederatedTrainer:
             model: the client module; its current weights are the initial global model W^0.
             datamodule: the federated data.
             strategy: the aggregation rule.
-            ckpt_path: a ``last.ckpt`` to resume from; the run continues in that checkpoint's run directory.
+            ckpt_path: a ``last.ckpt`` to resume from; the run continues in the run folder the checkpoint records
+                (or, for a moved folder, the one around its ``checkpoints/``), which no other process may be
+                writing and whose own last checkpoint must not be of a later round (see ``rewind``).
             config: the resolved configuration, saved with checkpoints and sent to the loggers.
 
         Returns:
@@ -400,7 +404,10 @@ class FederatedTrainer:
         result = work(*args, **kwargs)
         if fabric.global_rank == 0:
             outcome = {
-                "result": result, "state": self._run_state(), "run_dir": self.run_dir, "interrupted": self._interrupted
+                "result": result,
+                "state": self._run_state(),
+                "run_dir": self.run_dir,
+                "interrupted": self._interrupted,
             }
             outcome_file.write_bytes(pickle.dumps(outcome))
 
