@@ -232,6 +232,8 @@ class FederatedTrainer:
         self._forked = False  # true inside the processes that start_method=fork created
         self._lock: RunLock | None = None
         self._interrupted: RunInterrupted | None = None
+        #: digests of the partition and the samples (``checkpoint.data_fingerprint``), checked on resume
+        self.data_fingerprint: dict[str, str] | None = None
 
     @property
     def global_state(self) -> torch.Tensor:
@@ -424,6 +426,7 @@ class FederatedTrainer:
         self._load_run_state(state)
         self.layout.load(model, self.global_state, self.global_integers)
         self.run_dir = outcome["run_dir"]
+        self.data_fingerprint = state.get("data_fingerprint")
         self._interrupted = outcome.get("interrupted")
 
     # -- set-up ------------------------------------------------------------------------------------
