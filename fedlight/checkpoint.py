@@ -1,26 +1,39 @@
-"""Run checkpoints: written atomically, loaded without executing code from the file."""
+"""Run checkpoints: checksummed, written atomically with the one before kept, loaded without executing code.
+
+``checkpoints/last.ckpt`` is written to a temporary file, flushed to disk and renamed over the old one, which
+becomes ``previous.ckpt``: a kill at any moment leaves a complete ``last.ckpt``, and a ``last.ckpt`` damaged
+later on disk still leaves the round before it. Every checkpoint carries a checksum of its tensors and
+metadata; a file that does not match it is refused by name. Checkpoints written before checksums existed
+load as they are.
+"""
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import io
 import os
-import pickle
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedlight.errors import ConfigError
 
 FORMAT = "fedlight-checkpoint-1"
+LAST, PREVIOUS = "last.ckpt", "previous.ckpt"
 
-#: Settings that may change when a run is resumed: how long it runs, where and how it logs.
+#: Settings that may change when a run is resumed: how long it runs, where and how it logs, how its
+#: processes start; none of them changes the numbers a round computes.
 RESUMABLE_KEYS = (
     "trainer.rounds",
     "trainer.eval_every",
     "trainer.checkpoint_every",
     "trainer.accelerator",
     "trainer.devices",
+    "trainer.start_method",
     "trainer.channels_last",
     "trainer.num_nodes",
     "trainer.default_root_dir",
@@ -29,49 +42,160 @@ RESUMABLE_KEYS = (
     "trainer.wandb_",
     "trainer.enable_progress_bar",
     "trainer.callbacks",
+    "trainer.init_from",
+    "trainer.rewind",
     "ckpt_path",
     "config",
 )
 
 
-def save_atomic(state: dict[str, Any], path: str | Path) -> None:
-    """Writes ``state`` to ``path`` so that a crash leaves either the old file or the new one.
+def checksum(state: Any) -> str:
+    """A digest of a checkpoint's contents: every tensor's dtype, shape and bytes, and every other value.
 
-    The file is written next to its destination, flushed to disk, then renamed over it.
+    Computed over the loaded objects, not the file, so it does not depend on how ``torch.save`` lays them out.
+
+    >>> checksum({"w": torch.ones(2), "round": 3}) == checksum({"w": torch.ones(2), "round": 3})
+    True
+    >>> checksum({"w": torch.ones(2)}) == checksum({"w": torch.tensor([1.0, 1.0 + 2**-20])})
+    False
+    """
+    digest = hashlib.blake2b(digest_size=20)
+    _feed(digest, state)
+    return digest.hexdigest()
+
+
+def _feed(digest: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
+        if tensor.numel():
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # the raw bytes, whatever the dtype
+    elif isinstance(value, np.ndarray):
+        digest.update(f"A{value.dtype}{value.shape}".encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, dict):
+        digest.update(f"D{len(value)}".encode())
+        for key, item in value.items():
+            _feed(digest, key)
+            _feed(digest, item)
+    elif isinstance(value, list | tuple):
+        digest.update(f"{type(value).__name__}{len(value)}".encode())
+        for item in value:
+            _feed(digest, item)
+    else:
+        digest.update(f"{type(value).__name__}:{value!r};".encode())
+
+
+def save_atomic(state: dict[str, Any], path: str | Path) -> None:
+    """Writes ``state`` with its checksum to ``path`` so that a crash leaves either the old file or the new one.
+
+    The file is written next to its destination (mode 0644 under the umask, as the run's other files),
+    flushed to disk, then renamed over it. The file it replaces stays as ``previous.ckpt`` beside it.
+
+    Raises:
+        ConfigError: when the disk is full; the checkpoints already on disk are left as they were.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    buffer = io.BytesIO()  # serialised first, so a failed write is an OSError that says why
+    torch.save({**state, "checksum": checksum(state)}, buffer)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
+        _write(tmp, buffer.getbuffer())
+        if path.exists():
+            _keep_previous(path)
         os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            kept = f"{path} from before is intact" if path.exists() else "no earlier checkpoint was written"
+            raise ConfigError(
+                f"No space left on the disk to write the checkpoint {path} ({buffer.tell() / 2**20:.1f} MiB): "
+                f"it was not written and {kept}. Free space on {path.parent} and resume with --ckpt_path {path}."
+            ) from None
+        raise
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
-def load(path: str | Path) -> dict[str, Any]:
-    """Loads a fedlight checkpoint with ``weights_only=True``: the file's contents are never executed.
+def _write(path: Path, data: memoryview) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # 0644 under the usual umask
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _keep_previous(path: Path) -> None:
+    """Makes the current ``path`` also ``previous.ckpt``, atomically: a hard link, renamed into place."""
+    previous = path.with_name(PREVIOUS)
+    link = path.parent / f".{PREVIOUS}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        os.link(path, link)
+    except OSError:  # a file system without hard links: move it (a crash now leaves previous.ckpt only)
+        os.replace(path, previous)
+        return
+    os.replace(link, previous)
+
+
+def load(path: str | Path, flag: str = "--ckpt_path") -> dict[str, Any]:
+    """Loads a fedlight checkpoint with ``weights_only=True`` (the file's contents are never executed) and
+    checks it against its checksum.
 
     Raises:
-        ConfigError: when the path does not exist or is not a fedlight checkpoint.
+        ConfigError: when the path does not exist, is not a fedlight checkpoint, or is corrupted.
     """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
-            f"--ckpt_path {path} does not exist. Pass a checkpoint of a previous run, e.g. "
-            "<run_dir>/checkpoints/last.ckpt."
+            f"{flag} {path} does not exist. Pass a checkpoint of a previous run, e.g. "
+            "<default_root_dir>/<name>/version_<n>/checkpoints/last.ckpt."
         )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
-        raise ConfigError(f"--ckpt_path {path} is not a readable fedlight checkpoint ({err}).") from None
+    except Exception as err:  # a damaged file fails in the unpickler, the zip reader or a tensor's storage
+        raise ConfigError(f"{flag} {path} is not a readable fedlight checkpoint ({err}).{_fallback(path)}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ConfigError(f"--ckpt_path {path} is not a fedlight checkpoint (no '{FORMAT}' marker).")
+        raise ConfigError(f"{flag} {path} is not a fedlight checkpoint (no '{FORMAT}' marker).")
+    stored = state.pop("checksum", None)  # absent in checkpoints written before checksums
+    if stored is not None and checksum(state) != stored:
+        raise ConfigError(
+            f"{flag} {path} is corrupted: its contents do not match the checksum written with it.{_fallback(path)}"
+        )
     return state
+
+
+def _fallback(path: Path) -> str:
+    previous = path.with_name(PREVIOUS)
+    if path.name == LAST and previous.is_file():
+        return f" Resume from the checkpoint before it: --ckpt_path {previous}"
+    return " Use another checkpoint of the run, or start it anew without --ckpt_path."
+
+
+def saved_round(path: str | Path) -> int | None:
+    """The round of the checkpoint at ``path``, or None when there is none or it cannot be read intact."""
+    try:
+        return int(load(path)["round"])
+    except ConfigError:
+        return None
+
+
+def data_fingerprint(datamodule: Any) -> dict[str, str]:
+    """Digests of what a run trains and evaluates on: the partition and the contents of the samples.
+
+    ``partition`` covers every client's training indices and the held-out indices; ``samples`` the pool's
+    and the test set's tensors (a lazily read pool contributes its shape only). Call after ``setup``.
+    """
+    partition = hashlib.blake2b(digest_size=16)
+    for indices in [*datamodule.client_train, datamodule.held_out_index]:
+        _feed(partition, indices)
+    samples = hashlib.blake2b(digest_size=16)
+    for data in (datamodule.pool, datamodule.test):
+        for name in ("inputs", "targets", "labels"):
+            value = getattr(data, name, None)
+            _feed(samples, value if value is None or isinstance(value, torch.Tensor) else tuple(value.shape))
+    return {"partition": partition.hexdigest(), "samples": samples.hexdigest()}
 
 
 def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -99,7 +223,7 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     """
     a, b = flatten_config(saved), flatten_config(current)
     differences = []
-    for key in sorted(set(a) | set(b)):
+    for key in sorted(a):  # a setting the checkpoint lacks did not exist when it was written
         if key.startswith(RESUMABLE_KEYS) or a.get(key) == b.get(key):
             continue
         differences.append(f"{key}: {a.get(key)} in the checkpoint, {b.get(key)} now")
@@ -116,9 +240,10 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     try:
         stored = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
+    except Exception as err:
         raise ConfigError(f"--trainer.init_from {path} is not a readable checkpoint or state_dict ({err}).") from None
     if isinstance(stored, dict) and stored.get("format") == FORMAT:
+        stored = load(path, "--trainer.init_from")  # checked against its checksum
         return {**(stored.get("frozen_state") or {}), **stored["global_state"]}
     if isinstance(stored, dict) and isinstance(stored.get("state_dict"), dict):
         return stored["state_dict"]

@@ -20,8 +20,10 @@ Lightning ``Trainer`` subclass, and importing ``lightning.pytorch.cli`` costs se
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import re
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -34,10 +36,12 @@ from jsonargparse import Path as ConfigPath
 from fedlight import checkpoint as ckpt_io
 from fedlight.clients.base import FederatedClient
 from fedlight.data.datamodule import FederatedDataModule
-from fedlight.errors import ConfigError
+from fedlight.errors import ConfigError, RunInterrupted
 from fedlight.models import list_models
 from fedlight.strategies.base import Strategy
 from fedlight.trainer import FederatedTrainer
+
+MAX_SEED = 2**32 - 1
 
 SUBCOMMANDS = {
     "fit": "Train the global model for --trainer.rounds rounds (or resume with --ckpt_path).",
@@ -229,6 +233,7 @@ def run(args: list[str] | None = None) -> dict[str, float]:
     """Parses ``args``, builds everything after seeding, and runs the subcommand. Used by tests in-process."""
     import lightning
 
+    check_config_files(sys.argv[1:] if args is None else args)
     parser = build_parser()
     args = list(sys.argv[1:] if args is None else args)
     with tempfile.TemporaryDirectory(prefix="fedlight-config-") as folder:
@@ -237,6 +242,10 @@ def run(args: list[str] | None = None) -> dict[str, float]:
     sub_cfg: Namespace = cfg[name]
     if sub_cfg.ckpt_path == "last":
         sub_cfg.ckpt_path = str(_last_checkpoint(Path(sub_cfg.trainer.default_root_dir) / sub_cfg.trainer.name))
+    if not 0 <= sub_cfg.seed_everything <= MAX_SEED:
+        raise ConfigError(
+            f"Expected --seed_everything in [0, {MAX_SEED}] (numpy's seed range), got {sub_cfg.seed_everything}."
+        )
     resolved = _resolved_config(parser, cfg, name)
     lightning.seed_everything(sub_cfg.seed_everything, verbose=False)
     try:
@@ -291,6 +300,54 @@ def _last_checkpoint(run_root: Path) -> Path:
     )
 
 
+def check_config_files(args: list[str]) -> None:
+    """Refuses a ``--config`` file (or a file it builds on with ``config:``) that is missing, empty, not valid
+    YAML or not a mapping, naming the file and the line, before the parser reports it without either."""
+    files = [Path(a.split("=", 1)[1]) for a in args if a.startswith("--config=")]
+    files += [Path(b) for a, b in itertools.pairwise(args) if a in ("--config", "-c")]
+    problems, seen = [], set()
+    while files:
+        path = files.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        if not path.is_file():
+            problems.append(f"--config {path} does not exist.")
+            continue
+        try:
+            content = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problems.append(f"--config {path} is not valid YAML{where}: {getattr(err, 'problem', None) or err}.")
+            continue
+        if content is None:
+            problems.append(f"--config {path} is empty: give it at least one setting, or leave it out.")
+        elif not isinstance(content, dict):
+            problems.append(f"--config {path} holds a {type(content).__name__}, not 'key: value' settings.")
+        elif isinstance(content.get("config"), str):
+            files.append(path.parent / content["config"])
+    if problems:
+        raise ConfigError(*problems)
+
+
+def resume_command(args: list[str], checkpoint: Path) -> str:
+    """The command line ``args`` with ``--ckpt_path`` set to ``checkpoint``, as a shell would take it.
+
+    >>> resume_command(["fit", "--config", "a.yaml", "--ckpt_path=old.ckpt"], Path("/runs/v0/checkpoints/last.ckpt"))
+    'fedlight fit --config a.yaml --ckpt_path /runs/v0/checkpoints/last.ckpt'
+    """
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--ckpt_path":
+            skip = True
+        elif not arg.startswith("--ckpt_path="):
+            kept.append(arg)
+    return shlex.join(["fedlight", *kept, "--ckpt_path", str(checkpoint)])
+
+
 def _resolved_config(parser: ArgumentParser, cfg: Namespace, name: str) -> dict[str, Any]:
     dumped = yaml.safe_load(parser.dump(cfg))[name]
     dumped.pop("config", None)
@@ -315,13 +372,20 @@ def main(args: list[str] | None = None) -> None:
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
+    args = sys.argv[1:] if args is None else args
     try:
         run(args)
     except ConfigError as err:
         print(f"fedlight: error: {err}", file=sys.stderr)
         sys.exit(2)
+    except RunInterrupted as err:
+        message = f"fedlight: {err}."
+        if err.checkpoint is not None and args and args[0] == "fit":
+            message += f" Resume with:\n  {resume_command(args, err.checkpoint.resolve())}"
+        print(message, file=sys.stderr)
+        sys.exit(err.exit_code)
     except KeyboardInterrupt:
-        print("fedlight: interrupted; resume with --ckpt_path <run_dir>/checkpoints/last.ckpt", file=sys.stderr)
+        print("fedlight: interrupted before the first round; nothing was written to resume from.", file=sys.stderr)
         sys.exit(130)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class ConfigError(ValueError):
     """A bad setting or input. Every message names the flag or path and the fix.
@@ -12,3 +14,32 @@ class ConfigError(ValueError):
     def __init__(self, *problems: str) -> None:
         self.problems = list(problems)
         super().__init__("\n".join(self.problems))
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by SIGINT (Ctrl-C) or SIGTERM.
+
+    Attributes:
+        signal_name: ``SIGINT`` or ``SIGTERM``.
+        checkpoint: the checkpoint to resume from, or None when the run wrote none.
+        round: the rounds completed and saved in ``checkpoint``.
+        saved: whether the run wrote ``checkpoint`` as it stopped (false when a second signal stopped it at once).
+    """
+
+    def __init__(self, signal_name: str, checkpoint: Path | None, round: int | None, saved: bool) -> None:
+        self.signal_name, self.checkpoint, self.round, self.saved = signal_name, checkpoint, round, saved
+        if checkpoint is None:
+            message = f"stopped by {signal_name} before any checkpoint was written"
+        elif saved:
+            message = f"stopped by {signal_name} after round {round}; the checkpoint {checkpoint} holds it"
+        else:
+            message = f"stopped at once by a second {signal_name}; the last checkpoint is {checkpoint} (round {round})"
+        super().__init__(message)
+
+    def __reduce__(self):  # crosses from a forked rank 0 to the process that launched it
+        return type(self), (self.signal_name, self.checkpoint, self.round, self.saved)
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's code for a process ended by the signal: 128 + its number."""
+        return 128 + {"SIGINT": 2, "SIGTERM": 15}.get(self.signal_name, 2)

@@ -126,3 +126,15 @@ class SigkillAtRound(RoundCallback):
     def on_round_start(self, context, round_idx: int) -> None:
         if round_idx == self.round_idx:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SignalAtRound(RoundCallback):
+    """Sends its own process ``signal_name`` (``SIGINT`` as Ctrl-C does, or ``SIGTERM``) when round ``round_idx``
+    starts, as a user or a scheduler would while the round runs."""
+
+    def __init__(self, round_idx: int, signal_name: str = "SIGINT") -> None:
+        self.round_idx, self.signal_name = round_idx, signal_name
+
+    def on_round_start(self, context, round_idx: int) -> None:
+        if round_idx == self.round_idx:
+            os.kill(os.getpid(), getattr(signal, self.signal_name))

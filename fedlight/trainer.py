@@ -8,7 +8,7 @@ One round, as :meth:`FederatedTrainer._run_round` reads top to bottom::
                → the strategy's server update
     evaluate   every ``eval_every`` rounds: the clients' held-out splits and the global test set
     log        metrics.csv and W&B, the round as the step
-    checkpoint every ``checkpoint_every`` rounds and at the end, atomically
+    checkpoint every ``checkpoint_every`` rounds, at the end and when SIGINT/SIGTERM asked to stop, atomically
 
 Randomness is derived, never carried: the round's sampling draws from a generator seeded by
 ``(seed, round)`` and each client's shuffling and dropout from ``(seed, round, client)``. Results
@@ -21,6 +21,7 @@ hooks' first argument.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -48,9 +49,11 @@ from fedlight.console import RunConsole
 from fedlight.context import RunContext
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.distributed import ClientParallelStrategy, assign_clients
-from fedlight.errors import ConfigError
+from fedlight.errors import ConfigError, RunInterrupted
 from fedlight.loggers import RoundCSV, histogram_metrics, scalar_metrics, wandb_logger
+from fedlight.rundir import RunLock, check_root, new_version_dir, remove_temporaries
 from fedlight.state import FlatState, freeze_modes, freeze_parameters
+from fedlight.stopping import StopRequest
 from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
 from fedlight.strategies.functional import straggler_plan
 
@@ -77,7 +80,9 @@ class FederatedTrainer:
         straggler_fraction: δ ∈ [0, 1], the share of each round's clients that can only do
             F' ~ UniformInt{1, …, F−1} epochs; the strategy drops or tolerates them.
         eval_every: evaluate the global model every this many rounds (and after the last one).
-        checkpoint_every: write ``checkpoints/last.ckpt`` every this many rounds (and after the last one).
+        checkpoint_every: write ``checkpoints/last.ckpt`` every this many rounds (and after the last one, and
+            after the round in which SIGINT or SIGTERM asked the run to stop); the one before stays as
+            ``previous.ckpt``.
         accelerator: Fabric accelerator: ``cpu``, ``cuda``, ``mps`` or ``auto``.
         devices: processes per node; with more than one, each round's clients are spread over them
             (greedy by size) and aggregated with one all-reduce.
@@ -120,6 +125,12 @@ class FederatedTrainer:
             pre-training run), a Lightning checkpoint, or a file holding a plain ``state_dict``. Weights only;
             every key of the model must be found and no other key may be present. Ignored when resuming
             (``--ckpt_path`` has its own weights).
+        max_update_ratio: a client whose state moved further than this many times ``‖W^t‖ + 1`` from the
+            model it started from (‖W_k − W^t‖ > ratio · (‖W^t‖ + 1)) is left out of the aggregate like a client
+            with NaN/Inf, with a warning, and counted in ``round/clients_outsized``: such a step comes from a
+            diverging local fit (a learning rate far too high), not from data. ``null`` turns the check off.
+        rewind: let ``--ckpt_path`` continue a run folder whose own last checkpoint is of a later round; its
+            later rounds are then replaced. Without it such a resume is refused, so nothing is lost by mistake.
     """
 
     def __init__(
@@ -151,6 +162,8 @@ class FederatedTrainer:
         seed: int | None = None,
         client_batching: int | Literal["auto"] | None = None,
         init_from: str | Path | None = None,
+        max_update_ratio: float | None = 1000.0,
+        rewind: bool = False,
     ) -> None:
         problems = []
         for flag, value in [
@@ -188,11 +201,18 @@ class FederatedTrainer:
                 f"--trainer.init_from {init_from} does not exist. Pass a checkpoint of an earlier run "
                 "(<run_dir>/checkpoints/last.ckpt) or a file holding a state_dict."
             )
+        if max_update_ratio is not None and not max_update_ratio > 0:
+            problems.append(
+                f"Expected --trainer.max_update_ratio > 0 (or null to accept any update), got {max_update_ratio}."
+            )
+        problems += check_root(Path(default_root_dir), name)
         if problems:
             raise ConfigError(*problems)
         self.init_from = None if init_from is None else Path(init_from)
         self.client_batching = client_batching
         self._batching: BatchedLocalFit | str | None = None  # the vectorised fit, or why it cannot run
+        self.max_update_ratio = max_update_ratio
+        self.rewind = rewind
         self.rounds = rounds
         self.clients_per_round = clients_per_round
         self.local_epochs = local_epochs
@@ -235,6 +255,10 @@ class FederatedTrainer:
         self.context = RunContext(self)
         self.console = RunConsole(enabled=False, progress_bar=False)  # fit sets up the run's own
         self._forked = False  # true inside the processes that start_method=fork created
+        self._lock: RunLock | None = None
+        self._interrupted: RunInterrupted | None = None
+        #: digests of the partition and the samples (``checkpoint.data_fingerprint``), checked on resume
+        self.data_fingerprint: dict[str, str] | None = None
 
     @property
     def global_state(self) -> torch.Tensor:
@@ -260,16 +284,56 @@ class FederatedTrainer:
             model: the client module; its current weights are the initial global model W^0.
             datamodule: the federated data.
             strategy: the aggregation rule.
-            ckpt_path: a ``last.ckpt`` to resume from; the run continues in that checkpoint's run directory.
+            ckpt_path: a ``last.ckpt`` to resume from; the run continues in the run folder the checkpoint records
+                (or, for a moved folder, the one around its ``checkpoints/``), which no other process may be
+                writing and whose own last checkpoint must not be of a later round (see ``rewind``).
             config: the resolved configuration, saved with checkpoints and sent to the loggers.
 
         Returns:
             The last round's metrics.
+
+        Raises:
+            RunInterrupted: after SIGINT (Ctrl-C) or SIGTERM: the run stopped after the round in progress and
+                wrote a checkpoint (a second signal stops it at once); the exception names the checkpoint.
         """
-        return self._in_processes(self._fit, model, datamodule, strategy, ckpt_path, config)
+        self._interrupted = None
+        try:
+            result = self._in_processes(self._fit, model, datamodule, strategy, ckpt_path, config)
+        except KeyboardInterrupt as err:  # a second signal, or one before the rounds began
+            if isinstance(err, RunInterrupted):
+                raise
+            last = (self.run_dir / "checkpoints" / ckpt_io.LAST).absolute() if self.run_dir is not None else None
+            saved = ckpt_io.saved_round(last) if last is not None else None
+            name = str(err.args[0]) if err.args and str(err.args[0]).startswith("SIG") else "SIGINT"
+            raise RunInterrupted(name, last if saved is not None else None, saved, saved=False) from None
+        if self._interrupted is not None:
+            raise self._interrupted
+        return result
 
     def _fit(self, model, datamodule, strategy, ckpt_path, config) -> dict[str, float]:
-        self._setup(model, datamodule, strategy, ckpt_path, config)
+        try:
+            self._setup(model, datamodule, strategy, ckpt_path, config)
+            with StopRequest(announce=self.fabric.global_rank == 0) as stop:
+                return self._rounds(stop)
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT) or self.run_dir is None:
+                raise
+            last = self.run_dir / "checkpoints" / ckpt_io.LAST
+            advice = (
+                f"the last checkpoint is intact: free space and resume with --ckpt_path {last}"
+                if last.is_file()
+                else "no checkpoint was written yet: free space and start again"
+            )
+            raise ConfigError(
+                f"No space left on the disk while writing the run's files in {self.run_dir}; {advice}."
+            ) from None
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+    def _rounds(self, stop: StopRequest) -> dict[str, float]:
+        """The rounds from ``self.round`` on; after a stop request, the one in progress ends with a checkpoint."""
         fabric, context = self.fabric, self.context
         fabric.call("on_fit_start", context)
         self.strategy.on_fit_start(context)
@@ -277,8 +341,8 @@ class FederatedTrainer:
         console = self.console = RunConsole(fabric.global_rank == 0, self.enable_progress_bar)
         first = self.round
         console.start(
-            name=self.name, run_dir=self.run_dir, seed=self.seed, clients=datamodule.num_clients,
-            per_round=self.clients_per_round, first=first, rounds=self.rounds, strategy=type(strategy).__name__,
+            name=self.name, run_dir=self.run_dir, seed=self.seed, clients=self.datamodule.num_clients,
+            per_round=self.clients_per_round, first=first, rounds=self.rounds, strategy=type(self.strategy).__name__,
         )  # fmt: skip
         metrics: dict[str, float] = self.history[-1] if self.history else {}
         for round_idx in range(self.round, self.rounds):
@@ -292,9 +356,16 @@ class FederatedTrainer:
             fabric.call("on_round_end", context, round_idx, metrics)
             metrics["round/time_s"] = time.perf_counter() - started
             metrics = self._log(metrics)
-            if self.round % self.checkpoint_every == 0 or last:
-                self.save_checkpoint(self.run_dir / "checkpoints" / "last.ckpt")
+            stopping = self._stop_requested(stop)
+            if self.round % self.checkpoint_every == 0 or last or stopping:
+                self.save_checkpoint(self.run_dir / "checkpoints" / ckpt_io.LAST)
             console.round_end(round_idx, self.rounds, metrics)
+            if stopping and not last:
+                console.end(metrics, self.run_dir, self.round - first)
+                self._finish_loggers()
+                path = (self.run_dir / "checkpoints" / ckpt_io.LAST).absolute()
+                self._interrupted = RunInterrupted(stop.requested or "SIGINT", path, self.round, saved=True)
+                return metrics
         fabric.call("on_fit_end", context)
         self._finish_loggers()
         console.end(metrics, self.run_dir, self.round - first)
@@ -327,6 +398,15 @@ class FederatedTrainer:
         self._setup_clusters()
         return self._report(self._evaluate(clients=clients, test=not clients))
 
+    def _stop_requested(self, stop: StopRequest) -> bool:
+        """Whether any process received a stop signal: all of them stop after the same round."""
+        requested = stop.requested is not None
+        if self.fabric.world_size > 1:
+            flag = torch.tensor(float(requested), device=self.fabric.device)
+            requested = float(self.fabric.all_reduce(flag, reduce_op="sum")) > 0
+            stop.requested = stop.requested or ("SIGTERM" if requested else None)  # another process's signal
+        return requested
+
     # -- processes -----------------------------------------------------------------------------------
     def _in_processes(self, work: Callable[..., dict[str, float]], model, datamodule, strategy, *args, **kwargs):
         """Runs ``work`` on every rank: here (one process, or ``popen``, where this process is rank 0 and
@@ -335,7 +415,8 @@ class FederatedTrainer:
             return work(model, datamodule, strategy, *args, **kwargs)
         # Rank 0 hands its outcome back through a file: Fabric returns it through a pipe that is read only
         # after the processes exit, so anything over the pipe's buffer (~64 KiB) would never be sent.
-        with tempfile.TemporaryDirectory(prefix="fedlight-fork-") as folder:
+        # A Ctrl-C reaches the forked processes too, which end their round and save; this one waits for them.
+        with tempfile.TemporaryDirectory(prefix="fedlight-fork-") as folder, StopRequest(announce=False):
             outcome_file = Path(folder) / "outcome.pkl"
             self.fabric.launch(self._forked_work, outcome_file, work, model, datamodule, strategy, *args, **kwargs)
             outcome = pickle.loads(outcome_file.read_bytes())
@@ -346,7 +427,12 @@ class FederatedTrainer:
         self._forked = True
         result = work(*args, **kwargs)
         if fabric.global_rank == 0:
-            outcome = {"result": result, "state": self._run_state(), "run_dir": self.run_dir}
+            outcome = {
+                "result": result,
+                "state": self._run_state(),
+                "run_dir": self.run_dir,
+                "interrupted": self._interrupted,
+            }
             outcome_file.write_bytes(pickle.dumps(outcome))
 
     def _adopt(self, outcome: dict[str, Any], model, datamodule, strategy) -> None:
@@ -362,6 +448,8 @@ class FederatedTrainer:
         self._load_run_state(state)
         self.layout.load(model, self.global_state, self.global_integers)
         self.run_dir = outcome["run_dir"]
+        self.data_fingerprint = state.get("data_fingerprint")
+        self._interrupted = outcome.get("interrupted")
 
     # -- set-up ------------------------------------------------------------------------------------
     def _setup(
@@ -383,6 +471,7 @@ class FederatedTrainer:
                 f"--trainer.clients_per_round={self.clients_per_round} exceeds the {datamodule.num_clients} "
                 "clients of the partition. Lower it, or raise the number of clients of --data."
             )
+        self.data_fingerprint = ckpt_io.data_fingerprint(datamodule)  # before the pool moves to the device
         self.datamodule = datamodule.to(fabric.device)
         if datamodule.test is not None and len(datamodule.held_out_index) == 0:
             log.info("--data.test_fraction=0 holds nothing out: only the global test set is evaluated.")
@@ -393,6 +482,7 @@ class FederatedTrainer:
             model.configure_model()
             if self.init_from is not None:
                 ckpt_io.load_weights(model, self.init_from)
+        _check_model(model)
         freeze_parameters(model, model.frozen_modules)
         self.module = self.precision.convert_module(model).to(fabric.device)
         if self.channels_last:  # the flat state reads and writes parameters in logical order, whatever their layout
@@ -407,11 +497,16 @@ class FederatedTrainer:
         # A W&B sweep agent names the run it launched; otherwise the run gets a fresh id.
         self.wandb_id = os.environ.get("WANDB_RUN_ID") or uuid.uuid4().hex[:8]
         self.round, self.history = 0, []
+        state = None
         if ckpt_path is not None:
-            self._restore(ckpt_io.load(ckpt_path), evaluating)
-            run_dir = Path(ckpt_path).resolve().parent.parent
-        else:
-            run_dir = self._new_run_dir() if logging else None
+            state = ckpt_io.load(ckpt_path)
+            self._restore(state, evaluating)
+        run_dir = None
+        if fabric.global_rank == 0:
+            if logging:
+                run_dir = self._resume_dir(Path(ckpt_path), state) if state is not None else self._new_run_dir()
+            elif state is not None:
+                run_dir = _recorded_run_dir(Path(ckpt_path), state)
         self.run_dir = fabric.broadcast(run_dir)
         self.wandb_id = fabric.broadcast(self.wandb_id)
         if logging:
@@ -439,15 +534,45 @@ class FederatedTrainer:
             self.bank.load_state_dict(self._pending_bank)
         log.info("%d clusters keep their own %d of %d entries", num_clusters, len(names), len(self.layout.entries))
 
-    def _new_run_dir(self) -> Path | None:
-        if self.fabric.global_rank != 0:
-            return None
-        parent = self.default_root_dir / self.name
-        parent.mkdir(parents=True, exist_ok=True)
-        versions = [int(p.name.split("_")[1]) for p in parent.glob("version_*") if p.name.split("_")[1].isdigit()]
-        run_dir = parent / f"version_{max(versions, default=-1) + 1}"
-        run_dir.mkdir()
+    def _new_run_dir(self) -> Path:
+        """A fresh ``version_<n>``, claimed and locked (rank 0)."""
+        run_dir = new_version_dir(self.default_root_dir / self.name)
+        self._lock_run_dir(run_dir)
         return run_dir
+
+    def _resume_dir(self, ckpt_path: Path, state: dict[str, Any]) -> Path:
+        """The run folder a resume continues, locked (rank 0): the one the checkpoint belongs to.
+
+        That is the folder recorded in the checkpoint; for a checkpoint that records none, or whose folder
+        was moved, the folder around ``checkpoints/``; for a loose copy of a checkpoint, a new folder. A folder
+        whose own last checkpoint is of a later round is not rewound unless ``rewind`` says so.
+        """
+        run_dir = _recorded_run_dir(ckpt_path, state)
+        if run_dir is None:
+            log.warning("%s belongs to no run folder; the run continues in a new one.", ckpt_path)
+            return self._new_run_dir()
+        self._lock_run_dir(run_dir)
+        try:
+            own = run_dir / "checkpoints" / ckpt_io.LAST
+            later = None if _same_file(own, ckpt_path) else ckpt_io.saved_round(own)
+            if later is not None and later > state["round"] and not self.rewind:
+                raise ConfigError(
+                    f"--ckpt_path {ckpt_path} holds round {state['round']}, but its run folder {run_dir} has "
+                    f"already reached round {later} ({own}); resuming would replace the later rounds. Continue "
+                    f"the run with --ckpt_path {own}, or pass --trainer.rewind=true to go back to round "
+                    f"{state['round']} on purpose."
+                )
+        except BaseException:
+            self._lock.release()
+            self._lock = None
+            raise
+        return run_dir
+
+    def _lock_run_dir(self, run_dir: Path) -> None:
+        lock = RunLock(run_dir)
+        lock.acquire()
+        self._lock = lock
+        remove_temporaries(run_dir)
 
     def _setup_loggers(self) -> None:
         self._csv = None
@@ -493,8 +618,22 @@ class FederatedTrainer:
         else:
             self.global_state = self._aggregate(sums, aggregated)
         self.global_integers.update(integers)
-        assert _all_finite(self.global_state), f"the global model became non-finite in round {round_idx}"
+        if not _all_finite(self.global_state):
+            raise self._diverged(round_idx)
         return self._round_metrics(round_idx, plans, updates, aggregated)
+
+    def _diverged(self, round_idx: int) -> ConfigError:
+        last = None if self.run_dir is None else self.run_dir / "checkpoints" / ckpt_io.LAST
+        kept = (
+            f"the last good checkpoint, {last} (round {ckpt_io.saved_round(last)}), is intact: resume from it"
+            if last is not None and last.is_file()
+            else "no checkpoint was written yet: start again"
+        )
+        return ConfigError(
+            f"The global model became non-finite (NaN/Inf) in round {round_idx}, after "
+            f"{type(self.strategy).__name__}'s aggregation; the run stopped and {kept} with a lower learning "
+            "rate (--model.init_args.optimizer) or a lower --trainer.max_update_ratio."
+        )
 
     def _plan(self, round_idx: int) -> list[ClientPlan]:
         """K^t from the strategy and the δ-fraction of stragglers, all drawn from the round's stream."""
@@ -531,6 +670,8 @@ class FederatedTrainer:
                     "of the aggregate. Lower the learning rate if this repeats.",
                     stacklevel=1,
                 )
+                continue
+            if self._outsized(round_idx, update, state):
                 continue
             _merge_max(integers, self.layout.integers(self.module))
             if strategy.gather_states:
@@ -604,6 +745,29 @@ class FederatedTrainer:
             update.finite = math.isfinite(update.train_loss) and _all_finite(state)
             yield update, state
 
+    def _outsized(self, round_idx: int, update: ClientUpdate, state: torch.Tensor) -> bool:
+        """Whether a finite client state moved too far to be a training step; such a client is left out.
+
+        ‖W_k − W^t‖ > max_update_ratio · (‖W^t‖ + 1), W^t being the bank member the client started from.
+        A norm that overflows fp32 is inf, which exceeds any bound.
+        """
+        if self.max_update_ratio is None:
+            return False
+        start = self.bank.member(self._cluster_of(update.client))
+        bound = self.max_update_ratio * (torch.linalg.vector_norm(start).item() + 1.0)
+        norm = torch.linalg.vector_norm(state - start).item()
+        if norm <= bound:
+            return False
+        update.finite = False
+        update.payload["update_norm"] = norm
+        warnings.warn(
+            f"Client {update.client}'s update in round {round_idx} has norm {norm:.3g}, more than "
+            f"--trainer.max_update_ratio={self.max_update_ratio:g} × (‖W^t‖ + 1) = {bound:.3g}; it is left out of "
+            "the aggregate. Lower the learning rate, or raise --trainer.max_update_ratio if such steps are expected.",
+            stacklevel=1,
+        )
+        return True
+
     def _aggregate(self, sums: RoundSums, aggregated: list[ClientUpdate]) -> torch.Tensor:
         """W^{t+1}: the rule's weighted average, cluster entries per cluster, then the server update."""
         aggregate = sums.average(self.strategy.channel_coefficients())  # Σ_j c_j S_j / Z_j, [P]
@@ -614,11 +778,13 @@ class FederatedTrainer:
         return self.strategy.client_cluster(client) if self.bank.num_clusters else None
 
     def _round_metrics(self, round_idx, plans, updates, aggregated) -> dict[str, float]:
+        outsized = sum("update_norm" in u.payload for u in updates if not u.finite)
         metrics = {
             "round/clients_sampled": float(len(plans)),
             "round/clients_aggregated": float(len(aggregated)),
             "round/clients_dropped": float(sum(p.dropped for p in plans)),
-            "round/clients_nonfinite": float(len(updates) - len(aggregated)),
+            "round/clients_nonfinite": float(len(updates) - len(aggregated) - outsized),
+            "round/clients_outsized": float(outsized),
         }
         if aggregated:
             sizes = np.array([u.num_samples for u in aggregated], dtype=np.float64)
@@ -838,7 +1004,9 @@ class FederatedTrainer:
             "history": self.history,
             "wandb_id": self.wandb_id,
             "num_samples": self.datamodule.num_samples.tolist(),
+            "data_fingerprint": self.data_fingerprint,
             "config": self.config,
+            "run_dir": None if self.run_dir is None else str(self.run_dir.resolve()),
         }
 
     def _restore(self, state: dict[str, Any], evaluating: bool = False) -> None:
@@ -851,6 +1019,12 @@ class FederatedTrainer:
             problems.append("its model has different parameters (names, shapes or frozen parts) than --model")
         if not evaluating and state["num_samples"] != self.datamodule.num_samples.tolist():
             problems.append("its clients' sample counts differ from this --data partition")
+        else:
+            saved = state.get("data_fingerprint") or {}  # absent in checkpoints written before fingerprints
+            if saved.get("partition", self.data_fingerprint["partition"]) != self.data_fingerprint["partition"]:
+                problems.append("its clients hold other samples than this --data partition gives them")
+            if saved.get("samples", self.data_fingerprint["samples"]) != self.data_fingerprint["samples"]:
+                problems.append("the contents of the --data samples changed since it was written (same sizes)")
         strategy_class = type(self.strategy).__qualname__
         if state["strategy"]["class"] != strategy_class:
             problems.append(f"it was trained with strategy {state['strategy']['class']}, not {strategy_class}")
@@ -862,8 +1036,9 @@ class FederatedTrainer:
             raise ConfigError(
                 "The checkpoint passed as --ckpt_path belongs to another configuration:",
                 *(f"  - {p}" for p in problems),
-                "Resume with the configuration that wrote it (its run directory holds config.yaml); only "
-                "trainer.rounds, logging, evaluation/checkpoint cadence, devices and memory layout may change.",
+                "Resume with the configuration and data that wrote it (its run directory holds config.yaml); only "
+                "trainer.rounds, logging, evaluation/checkpoint cadence, devices, start method and memory layout "
+                "may change.",
             )
         self._load_run_state(state)
 
@@ -933,6 +1108,46 @@ def _seed_torch(seed: int, device: torch.device) -> None:
     torch.default_generator.manual_seed(seed)
     if device.type != "cpu":
         getattr(torch, device.type).manual_seed(seed)
+
+
+def _check_model(model: FederatedClient) -> None:
+    """Problems with ``--model`` that would otherwise surface only in the first local fit, after the run folder
+    was created: frozen parts that do not exist, optimizer settings the optimizer refuses (a negative lr)."""
+    problems = []
+    submodules = dict(model.named_modules())
+    unknown = [name for name in model.frozen_modules if name not in submodules]
+    if unknown:
+        problems.append(
+            f"frozen_modules names {unknown}, which are not submodules of {type(model).__name__}; "
+            f"its top-level submodules are {[n for n in submodules if n and '.' not in n]}."
+        )
+    optimizer = getattr(model, "optimizer", None)
+    if callable(optimizer) and not isinstance(optimizer, torch.nn.Module):
+        try:  # on a stand-in parameter: the model's own are not touched
+            optimizer([torch.nn.Parameter(torch.zeros(1))])
+        except ValueError as err:  # torch.optim's checks of lr, momentum, betas, weight_decay…
+            problems.append(f"--model.init_args.optimizer refuses its settings: {err}. Fix them in the config.")
+        except Exception:  # not a params → optimizer callable after all; configure_optimizers decides
+            pass
+    if problems:
+        raise ConfigError(*problems)
+
+
+def _recorded_run_dir(ckpt_path: Path, state: dict[str, Any]) -> Path | None:
+    """The run folder a checkpoint belongs to: the one it records if it still exists, else the folder around
+    its ``checkpoints/`` (an older checkpoint, or a moved run), else None (a loose copy)."""
+    recorded = state.get("run_dir")
+    if recorded is not None and Path(recorded).is_dir():
+        return Path(recorded)
+    ckpt_path = ckpt_path.resolve()
+    return ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _all_finite(flat: torch.Tensor) -> bool:

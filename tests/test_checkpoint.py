@@ -1,12 +1,19 @@
 """Staged runs: ``init_from`` seeds a run's W^0 from another run's weights."""
 
+import errno
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
 from fedlight import checkpoint as ckpt_io
 from fedlight.clients import ClassificationClient
-from fedlight.data import FederatedDataModule, Synthetic
+from fedlight.data import FederatedDataModule, NpzDataset, Synthetic
 from fedlight.errors import ConfigError
+from fedlight.loggers import RoundCSV
 from fedlight.strategies import FedAvg
 from fedlight.trainer import FederatedTrainer
 
@@ -89,3 +96,135 @@ def test_read_weights_refuses_a_file_without_tensors(tmp_path):
     torch.save({"lr": 0.1}, path)
     with pytest.raises(ConfigError, match="holds no model weights"):
         ckpt_io.read_weights(path)
+
+
+# -- integrity: checksums, the previous checkpoint, file modes, a full disk -------------------------------------
+def four_rounds(tmp_path):
+    run = trainer(tmp_path, "run", rounds=4, checkpoint_every=2)
+    run.fit(make_model(), make_data(), FedAvg())
+    return run, run.run_dir / "checkpoints"
+
+
+def test_the_checkpoint_before_the_last_is_kept(tmp_path):
+    _, folder = four_rounds(tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "previous.ckpt"]
+    assert (ckpt_io.load(folder / "last.ckpt")["round"], ckpt_io.load(folder / "previous.ckpt")["round"]) == (4, 2)
+
+
+def test_flipped_bytes_are_refused_by_name_and_the_previous_checkpoint_resumes(tmp_path):
+    run, folder = four_rounds(tmp_path)
+    last = folder / "last.ckpt"
+    data = bytearray(last.read_bytes())
+    generator = torch.Generator().manual_seed(0)
+    for position in torch.randint(len(data) // 4, 3 * len(data) // 4, (64,), generator=generator).tolist():
+        data[position] ^= 0xFF
+    last.write_bytes(bytes(data))
+    with pytest.raises(ConfigError) as err:
+        ckpt_io.load(last)
+    assert f"--ckpt_path {last} is " in str(err.value)
+    assert f"Resume from the checkpoint before it: --ckpt_path {folder / 'previous.ckpt'}" in str(err.value)
+    # the round-2 checkpoint continues the run: the damaged round-4 file is not counted as a later round
+    resumed = trainer(tmp_path, "run", rounds=4, checkpoint_every=2)
+    resumed.fit(make_model(), make_data(), FedAvg(), ckpt_path=folder / "previous.ckpt")
+    assert torch.equal(resumed.global_state, run.global_state)
+
+
+def test_a_changed_tensor_fails_the_checksum_even_when_the_file_reads(tmp_path):
+    _, folder = four_rounds(tmp_path)
+    state = torch.load(folder / "last.ckpt", weights_only=True)
+    name = next(iter(state["global_state"]))
+    state["global_state"][name].view(-1)[0] += 1e-3  # as a flipped bit in a weight would
+    torch.save(state, folder / "last.ckpt")
+    with pytest.raises(ConfigError, match=r"last.ckpt is corrupted: its contents do not match the checksum"):
+        ckpt_io.load(folder / "last.ckpt")
+
+
+def test_a_checkpoint_written_before_checksums_still_loads(tmp_path):
+    _, folder = four_rounds(tmp_path)
+    state = torch.load(folder / "last.ckpt", weights_only=True)
+    for key in ("checksum", "data_fingerprint", "run_dir"):
+        del state[key]
+    torch.save(state, folder / "last.ckpt")
+    assert ckpt_io.load(folder / "last.ckpt")["round"] == 4
+    resumed = trainer(tmp_path, "run", rounds=5, checkpoint_every=2)
+    resumed.fit(make_model(), make_data(), FedAvg(), ckpt_path=folder / "last.ckpt")
+    assert resumed.round == 5
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600)])
+def test_checkpoints_get_the_mode_of_the_other_run_files(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        ckpt_io.save_atomic({"format": ckpt_io.FORMAT, "round": 1}, tmp_path / "last.ckpt")
+        (tmp_path / "metrics.csv").write_text("round\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "last.ckpt").stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "metrics.csv").stat().st_mode) == mode
+
+
+def test_a_full_disk_is_one_message_and_the_checkpoint_before_survives(tmp_path, monkeypatch):
+    path = tmp_path / "last.ckpt"
+    ckpt_io.save_atomic({"format": ckpt_io.FORMAT, "round": 1}, path)
+
+    def full(target, data):
+        Path(target).write_bytes(bytes(data)[:10])  # what fits before the disk fills up
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ckpt_io, "_write", full)
+    with pytest.raises(ConfigError, match=rf"No space left on the disk to write the checkpoint {path} .* intact"):
+        ckpt_io.save_atomic({"format": ckpt_io.FORMAT, "round": 2}, path)
+    assert ckpt_io.load(path)["round"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+# -- resuming against other inputs ----------------------------------------------------------------------------
+def npz_data(path):
+    return FederatedDataModule(NpzDataset(path=str(path)), batch_size=10)
+
+
+def test_a_resume_on_changed_data_of_the_same_shapes_is_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    inputs, targets = rng.normal(size=(60, 12)).astype(np.float32), rng.integers(0, 10, 60)
+    groups = np.repeat(np.arange(6), 10)
+    path = tmp_path / "mine.npz"
+    np.savez(path, inputs=inputs, targets=targets, groups=groups)
+    run = trainer(tmp_path, "npz", rounds=1)
+    run.fit(make_model(), npz_data(path), FedAvg())
+    np.savez(path, inputs=inputs + 1, targets=targets, groups=groups)  # same shapes, other contents
+    with pytest.raises(ConfigError, match="the contents of the --data samples changed since it was written"):
+        trainer(tmp_path, "npz", rounds=2).fit(
+            make_model(), npz_data(path), FedAvg(), ckpt_path=run.run_dir / "checkpoints" / "last.ckpt"
+        )
+
+
+def test_settings_that_do_not_change_results_may_change_on_resume():
+    saved = {"trainer": {"start_method": "popen", "enable_progress_bar": True, "local_epochs": 2}}
+    current = {"trainer": {"start_method": "fork", "enable_progress_bar": False, "local_epochs": 2, "rewind": True}}
+    assert ckpt_io.config_differences(saved, current) == []
+    current["trainer"]["local_epochs"] = 3
+    assert ckpt_io.config_differences(saved, current) == ["trainer.local_epochs: 2 in the checkpoint, 3 now"]
+
+
+def test_a_full_disk_while_logging_is_one_message_naming_the_checkpoint(tmp_path, monkeypatch):
+    run = trainer(tmp_path, "run", rounds=4, checkpoint_every=1)
+
+    def full(self, row):
+        if row["round"] == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(RoundCSV, "log", full)
+    with pytest.raises(ConfigError) as err:
+        run.fit(make_model(), make_data(), FedAvg())
+    last = run.run_dir / "checkpoints" / "last.ckpt"
+    assert f"No space left on the disk while writing the run's files in {run.run_dir}" in str(err.value)
+    assert f"resume with --ckpt_path {last}" in str(err.value) and ckpt_io.load(last)["round"] == 2
+
+
+def test_a_damaged_checkpoint_is_refused_as_init_from(tmp_path):
+    _, folder = four_rounds(tmp_path)
+    state = torch.load(folder / "last.ckpt", weights_only=True)
+    next(iter(state["global_state"].values())).view(-1)[0] += 1.0
+    torch.save(state, folder / "last.ckpt")
+    with pytest.raises(ConfigError, match=r"--trainer.init_from .*last.ckpt is corrupted"):
+        ckpt_io.read_weights(folder / "last.ckpt")

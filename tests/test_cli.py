@@ -160,6 +160,13 @@ def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path):
             ],
             "of 9000 clients empty: there are more clients than samples can fill",
         ),
+        (["--seed_everything=-1"], "Expected --seed_everything in [0, 4294967295] (numpy's seed range), got -1"),
+        (["--trainer.name=../../x"], "--trainer.name='../../x' leads outside --trainer.default_root_dir"),
+        (
+            ["--model.init_args.optimizer.init_args.lr=-0.1"],
+            "--model.init_args.optimizer refuses its settings: Invalid learning rate: -0.1",
+        ),
+        (["--trainer.max_update_ratio=0"], "Expected --trainer.max_update_ratio > 0"),
     ],
 )
 def test_bad_input_ends_in_one_message_naming_the_flag(tmp_path, capsys, flags, message):
@@ -180,6 +187,42 @@ def test_bad_input_ends_in_one_message_naming_the_flag(tmp_path, capsys, flags, 
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err
+    assert not list(tmp_path.rglob("version_*"))  # found before a run folder was created
+
+
+def test_a_root_that_is_a_file_is_one_message(tmp_path, capsys):
+    (tmp_path / "runs").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", SYNTHETIC, f"--trainer.default_root_dir={tmp_path / 'runs'}"])
+    assert exit_info.value.code == 2
+    assert f"--trainer.default_root_dir={tmp_path / 'runs'}: {tmp_path / 'runs'} is a file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "is empty: give it at least one setting"),
+        ("# only a comment\n", "is empty"),
+        ("trainer:\n  rounds: 3\n  local_epochs: [1,\n", "is not valid YAML at line 4, column 1"),
+        ("trainer:\n\trounds: 3\n", "is not valid YAML at line 2, column 1"),
+        ("- rounds\n", "holds a list, not 'key: value' settings"),
+    ],
+)
+def test_an_empty_or_broken_config_file_is_named_with_its_line(tmp_path, capsys, text, message):
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", SYNTHETIC, "--config", str(path)])
+    assert exit_info.value.code == 2
+    assert f"--config {path} {message}" in capsys.readouterr().err
+
+
+def test_a_broken_base_file_is_named(tmp_path, capsys):
+    (tmp_path / "base.yaml").write_text("trainer: {rounds: 3\n")
+    (tmp_path / "row.yaml").write_text("config: base.yaml\ntrainer.rounds: 2\n")
+    with pytest.raises(SystemExit):
+        main(["fit", f"--config={tmp_path / 'row.yaml'}"])
+    assert f"--config {tmp_path / 'base.yaml'} is not valid YAML at line 2" in capsys.readouterr().err
 
 
 def test_unknown_strategy_is_a_usage_error(capsys):

@@ -1,5 +1,6 @@
 import csv
 import pickle
+from functools import partial
 
 import pytest
 import torch
@@ -456,3 +457,63 @@ def test_a_long_run_prints_every_nth_round_and_the_last(tmp_path, capsys):
     trainer.fit(make_model(), synthetic_data(), FedAvg())
     rounds = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("round ")]
     assert rounds == [f"{r}/120" for r in range(3, 121, 3)]  # ⌈120/50⌉ = 3
+
+# -- updates and models that diverge ---------------------------------------------------------------------------
+def scalar_run(tmp_path, lr, rounds=1, **kwargs):
+    # two clients with targets 2 and 3; one full-batch step w ← w − lr·(w − y) from w = 0 gives w = lr·y
+    data = FederatedDataModule(ScalarDataset([8, 8], [2.0, 3.0]), batch_size=100, test_fraction=0.5)
+    trainer = FederatedTrainer(
+        rounds=rounds, clients_per_round=2, local_epochs=1, logger="csv", enable_progress_bar=False,
+        default_root_dir=tmp_path, **kwargs,
+    )  # fmt: skip
+    return trainer, trainer.fit(ScalarClient(lr=lr), data, FedAvg())
+
+
+def test_a_huge_but_finite_update_is_left_out_and_counted(tmp_path):
+    with pytest.warns(UserWarning, match=r"Client 0's update in round 0 has norm 2e\+06, more than .* = 1e\+03"):
+        trainer, metrics = scalar_run(tmp_path, lr=1e6)
+    assert trainer.global_state.item() == 0.0  # neither 2e6 nor 3e6 entered W^1
+    assert (metrics["round/clients_outsized"], metrics["round/clients_nonfinite"]) == (2.0, 0.0)
+    # within the bound (‖Δ‖ = 2, 3 ≤ 1000 · (0 + 1)) both count, equally weighted: (2 + 3) / 2
+    trainer, metrics = scalar_run(tmp_path, lr=1.0)
+    assert trainer.global_state.item() == pytest.approx(2.5) and metrics["round/clients_outsized"] == 0.0
+    trainer, _ = scalar_run(tmp_path, lr=1e6, max_update_ratio=None)  # the check turned off
+    assert trainer.global_state.item() == pytest.approx(2.5e6)
+
+
+class NaNAtRound(FedAvg):
+    def __init__(self, round_idx):
+        super().__init__()
+        self.round_idx, self.round = round_idx, -1
+
+    def on_round_start(self, context, round_idx, plans):
+        self.round = round_idx
+
+    def server_update(self, global_state, aggregate, updates):
+        return aggregate * float("nan") if self.round == self.round_idx else aggregate
+
+
+def test_a_non_finite_global_model_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+    trainer = make_trainer(tmp_path, rounds=4, checkpoint_every=1)
+    with pytest.raises(ConfigError) as err:
+        trainer.fit(make_model(), synthetic_data(), NaNAtRound(2))
+    last = trainer.run_dir / "checkpoints" / "last.ckpt"
+    assert "non-finite (NaN/Inf) in round 2, after NaNAtRound's aggregation" in str(err.value)
+    assert f"the last good checkpoint, {last} (round 2), is intact" in str(err.value)
+    saved = ckpt_io.load(last)
+    assert saved["round"] == 2 and all(torch.isfinite(t).all() for t in saved["global_state"].values())
+    assert [r["round"] for r in read_metrics(trainer.run_dir)] == ["0.0", "1.0"]
+
+
+def test_optimizer_settings_and_frozen_parts_are_checked_before_a_run_folder_exists(tmp_path):
+    torch.manual_seed(0)
+    negative = ClassificationClient(
+        num_classes=10, input_shape=(12,), model="mlp", optimizer=partial(torch.optim.SGD, lr=-0.1)
+    )
+    with pytest.raises(ConfigError, match=r"--model.init_args.optimizer refuses its settings: Invalid learning rate"):
+        make_trainer(tmp_path).fit(negative, synthetic_data(), FedAvg())
+    model = make_model()
+    model.frozen_modules = ("backbone",)
+    with pytest.raises(ConfigError, match=r"frozen_modules names \['backbone'\], which are not submodules"):
+        make_trainer(tmp_path).fit(model, synthetic_data(), FedAvg())
+    assert list(tmp_path.iterdir()) == []
