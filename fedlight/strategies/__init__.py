@@ -14,6 +14,8 @@ from fedlight.strategies.fedprox import FedProx
 from fedlight.strategies.fedsl import FedSL
 from fedlight.strategies.fedsls import FedSLS
 from fedlight.strategies.moon import MOON
+from fedlight.strategies.robust import RobustAggregation
+from fedlight.strategies.wrapper import RuleWrapper
 
 __all__ = [
     "MOON",
@@ -31,5 +33,7 @@ __all__ = [
     "FedProx",
     "FedSL",
     "FedSLS",
+    "RobustAggregation",
+    "RuleWrapper",
     "Strategy",
 ]
