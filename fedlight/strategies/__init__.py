@@ -1,5 +1,6 @@
 """Aggregation rules, one per file; :class:`Strategy` documents the hooks."""
 
+from fedlight.strategies.attacks import Attack
 from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
 from fedlight.strategies.clustered_fedavg import ClusteredFedAvg
 from fedlight.strategies.fairness import Fairness
@@ -19,6 +20,7 @@ from fedlight.strategies.wrapper import RuleWrapper
 
 __all__ = [
     "MOON",
+    "Attack",
     "ClientPlan",
     "ClientUpdate",
     "ClusteredFedAvg",

@@ -125,5 +125,6 @@ class RobustAggregation(RuleWrapper):
         metrics = dict(self.rule.on_round_end(context, round_idx, updates))
         if self._selected:
             metrics["robust/clients_selected"] = float(len(self._selected))
-            metrics["robust/selected"] = torch.tensor(self._selected)  # a histogram in W&B
+        if len(self._selected) > 1:  # a W&B histogram; a single id would be logged as a scalar
+            metrics["robust/selected"] = torch.tensor(self._selected)
         return metrics
