@@ -99,7 +99,9 @@ class FlippedImages(ClientImages):
 def test_label_flip_trains_on_flipped_labels():
     def run(dataset, strategy):
         data = FederatedDataModule(dataset, batch_size=1000, test_fraction=0.0)
-        trainer = FederatedTrainer(rounds=1, clients_per_round=1, local_epochs=2, logger=None, enable_progress_bar=False)
+        trainer = FederatedTrainer(
+            rounds=1, clients_per_round=1, local_epochs=2, logger=None, enable_progress_bar=False
+        )
         torch.manual_seed(0)
         client = ClassificationClient(
             num_classes=3, input_shape=(1, 8, 8), model="cnn", model_kwargs={"hidden": 8},
