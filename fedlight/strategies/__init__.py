@@ -3,6 +3,7 @@
 from fedlight.strategies.attacks import Attack
 from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
 from fedlight.strategies.clustered_fedavg import ClusteredFedAvg
+from fedlight.strategies.dp import DPFedAvg
 from fedlight.strategies.fairness import Fairness
 from fedlight.strategies.fedatt import FedAtt
 from fedlight.strategies.fedau import FedAU
@@ -24,6 +25,7 @@ __all__ = [
     "ClientPlan",
     "ClientUpdate",
     "ClusteredFedAvg",
+    "DPFedAvg",
     "Fairness",
     "FedAU",
     "FedAtt",
