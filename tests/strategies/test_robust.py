@@ -103,3 +103,32 @@ def test_nested_rule_from_yaml():
     strategy = parser.instantiate(cfg).fit.strategy
     assert isinstance(strategy, RobustAggregation) and strategy.aggregator == "bulyan" and strategy.f == 2
     assert isinstance(strategy.rule, FedProx) and strategy.rule.mu == 0.01
+
+
+# -- the shared invariants, for every aggregator --------------------------------------------------------
+
+ALL = {
+    "median": {},
+    "trimmed_mean": {"beta": 0.2},
+    "krum": {"f": 1},
+    "multi_krum": {"f": 1},
+    "bulyan": {"f": 1},
+}
+
+
+@pytest.mark.parametrize("aggregator", list(ALL))
+def test_identical_clients_are_a_fixed_point(tmp_path, aggregator):
+    trainer, _ = fit(
+        tmp_path, [6] * 7, [1.5] * 7, RobustAggregation(aggregator=aggregator, **ALL[aggregator]), rounds=2
+    )
+    assert trainer.global_state.item() == pytest.approx(1.5, abs=1e-7)
+
+
+@pytest.mark.parametrize("aggregator", list(ALL))
+def test_result_does_not_depend_on_client_order(tmp_path, aggregator):
+    sizes, values = [4, 6, 10, 8, 12, 14, 16], [1.0, -2.0, 4.0, 0.5, 7.0, 3.0, -9.0]  # no ties among distances
+    order = [2, 0, 3, 1, 6, 4, 5]
+    make = lambda: RobustAggregation(aggregator=aggregator, **ALL[aggregator])  # noqa: E731
+    w, _ = fit(tmp_path, sizes, values, make(), rounds=2, lr=0.5)
+    permuted, _ = fit(tmp_path, [sizes[i] for i in order], [values[i] for i in order], make(), rounds=2, lr=0.5)
+    torch.testing.assert_close(permuted.global_state, w.global_state)
