@@ -16,8 +16,10 @@ an overall noise multiplier z, the update's is z_Δ = (z⁻² − (2σ_b)⁻²)^
 
 Privacy is accounted with Google's ``dp-accounting`` (RDP and/or PLD accountants) as T compositions of a
 Poisson-subsampled Gaussian mechanism with rate q = K'/N and noise multiplier z, the analysis of McMahan et
-al. 2018. The engine samples exactly K' clients uniformly without replacement (this wrapper forces uniform
-sampling); accounting it as Poisson sampling with the same q is the customary approximation. ε(δ) is logged
+al. 2018. With ``poisson_sampling`` every client takes part in a round independently with probability q, as
+that analysis assumes (the round's number of clients varies around K'); otherwise exactly K' clients are drawn
+uniformly without replacement, and accounting them as Poisson sampling with the same q is the customary
+approximation. ε(δ) is logged
 every round; the checkpoint holds the number of noisy rounds (and C), from which a resumed run rebuilds the
 same accountant and reports the same ε.
 
@@ -122,6 +124,8 @@ class DPFedAvg(RuleWrapper):
             must exceed z/2.
         delta: δ of the reported ε(δ).
         accountant: ``rdp``, ``pld`` or ``both`` (then ``dp/epsilon`` is RDP's and ``dp/epsilon_pld`` PLD's).
+        poisson_sampling: every client takes part with probability q = K'/N (``--trainer.clients_per_round`` is
+            then the expected K'), which the accountant assumes; false draws exactly K' clients uniformly.
     """
 
     def __init__(
@@ -135,6 +139,7 @@ class DPFedAvg(RuleWrapper):
         count_noise_std: float | None = None,
         delta: float = 1e-5,
         accountant: Accountant = "rdp",
+        poisson_sampling: bool = False,
     ) -> None:
         rule = FedAvg() if rule is None else rule
         problems = []
@@ -170,9 +175,10 @@ class DPFedAvg(RuleWrapper):
         self.count_noise_std = count_noise_std
         self.delta = delta
         self.accountant = accountant
+        self.poisson_sampling = poisson_sampling
         self.steps = 0  # noisy rounds so far: all the accountant needs
         self._num_clients = 0  # N
-        self._expected = 0  # K', the round's sampled clients
+        self._expected = 0  # K', the (expected) number of clients per round: qN
         self._noise_seed = 0
         self._start: torch.Tensor | None = None  # W^t as the client received it
         self._noise_std = 0.0  # of the last round's averaged update
@@ -187,7 +193,10 @@ class DPFedAvg(RuleWrapper):
         return 1
 
     def sample_clients(self, num_samples: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-        """K' clients uniformly without replacement, whatever the rule's sampling: q = K'/N for every client."""
+        """Each client with probability q = K'/N (Poisson), or K' clients uniformly without replacement; never ∝ n_k."""
+        self._expected = k
+        if self.poisson_sampling:
+            return np.flatnonzero(rng.random(len(num_samples)) < k / len(num_samples))
         return sample_clients(num_samples, k, rng, proportional=False)
 
     def client_weights(self, update: ClientUpdate) -> tuple[float, ...]:
@@ -217,7 +226,6 @@ class DPFedAvg(RuleWrapper):
 
     def on_round_start(self, context: RunContext, round_idx: int, plans: list[ClientPlan]) -> None:
         self.rule.on_round_start(context, round_idx, plans)
-        self._expected = len(plans)
         if self.adaptive and self.noise_multiplier > 0 and not self.count_noise() > self.noise_multiplier / 2:
             raise ConfigError(
                 f"Adaptive clipping's count noise σ_b = K'/20 = {self.count_noise()} must exceed noise_multiplier / 2 "

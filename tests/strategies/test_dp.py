@@ -102,3 +102,12 @@ def test_bad_settings_are_reported_together():
     with pytest.raises(ConfigError, match="clip_norm") as error:
         DPFedAvg(clip_norm=0.0, noise_multiplier=2.0, adaptive=True, count_noise_std=0.5)
     assert "count_noise_std" in str(error.value)
+
+
+def test_poisson_sampling_takes_each_client_with_probability_q(tmp_path):
+    trainer = fit(tmp_path, DPFedAvg(poisson_sampling=True), [4] * 20, [1.0] * 20, rounds=3, clients_per_round=5)
+    for round_idx, row in enumerate(trainer.history):
+        # the round's stream draws one uniform per client; q = 5/20
+        expected = int((trainer.round_rng(round_idx).random(20) < 0.25).sum())
+        assert row["round/clients_sampled"] == expected
+    assert trainer.strategy.sampling_rate() == 0.25
