@@ -151,6 +151,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel, one thread each")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--skip-dp", action="store_true", help="leave out the DP runs (they need dp-accounting)")
     args = parser.parse_args()
     aggregators, attacks, fractions, noise = (
         (REDUCED["aggregators"], REDUCED["attacks"], REDUCED["fractions"], REDUCED["noise_multipliers"])
@@ -159,31 +160,46 @@ def main() -> None:
     )
     rounds, epochs = (10, 2) if args.reduced else (args.rounds, args.epochs)
     base = {"rounds": rounds, "epochs": epochs, "lr": args.lr, "seed": args.seed}
+    # the most informative cells first, so that an interrupted grid still answers the main question
     jobs = [
         {**base, "kind": "robust", "aggregator": a, "attack": None, "fraction": 0.0, "strategy": strategy(a, None, 0)}
         for a in aggregators
     ]
+    if not args.skip_dp:
+        jobs += [{**base, "kind": "dp", "noise_multiplier": z, "strategy": dp_strategy(z)} for z in noise]
+    cells = [(k, f) for f in (0.2, 0.1, 0.3) if f in fractions for k in attacks]
     jobs += [
         {**base, "kind": "robust", "aggregator": a, "attack": k, "fraction": f, "strategy": strategy(a, k, f)}
-        for k in attacks for f in fractions if f > 0 for a in aggregators
+        for k, f in cells for a in aggregators
     ]  # fmt: skip
-    jobs += [{**base, "kind": "dp", "noise_multiplier": z, "strategy": dp_strategy(z)} for z in noise]
-    os.environ["OMP_NUM_THREADS"] = "1"
-    started = time.perf_counter()
-    with ProcessPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(fit, jobs))
-    elapsed = time.perf_counter() - started
     name = "reduced" if args.reduced else f"T{rounds}_F{epochs}_lr{args.lr}_seed{args.seed}"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.json").write_text(json.dumps(results, indent=1))
+    log = args.out / f"{name}.jsonl"  # one line per finished run: rerunning the command continues the grid
+    results = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    done = {_key(r) for r in results}
+    todo = [job for job in jobs if _key(job) not in done]
+    os.environ["OMP_NUM_THREADS"] = "1"
+    started = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool, log.open("a") as out:
+        for result in pool.map(fit, todo):
+            results.append(result)
+            out.write(json.dumps(result) + "\n")
+            out.flush()
+    elapsed = time.perf_counter() - started
+    seconds = sum(r["seconds"] for r in results)
     report = (
-        f"digits, T = {rounds}, F = {epochs}, lr {args.lr}, seed {args.seed}, {len(jobs)} runs in {elapsed:.0f} s\n"
+        f"digits, T = {rounds}, F = {epochs}, lr {args.lr}, seed {args.seed}: {len(results)} runs, "
+        f"{seconds:.0f} s of run time ({elapsed:.0f} s of wall time in this invocation, {args.jobs} jobs)\n"
         + table(results, aggregators, attacks, fractions)
         + "\n"
         + dp_table(results)
     )
     (args.out / f"{name}.md").write_text(report + "\n")
     print(report)
+
+
+def _key(job: dict) -> tuple:
+    return tuple(job.get(k) for k in ("kind", "aggregator", "attack", "fraction", "noise_multiplier"))
 
 
 if __name__ == "__main__":
