@@ -105,6 +105,9 @@ def fit(job: dict) -> dict:
             f"--trainer.eval_every={job['rounds']}", "--trainer.logger=null", "--trainer.enable_progress_bar=false",
             f"--trainer.default_root_dir={folder}", f"--seed_everything={job['seed']}",
             f"--model.init_args.optimizer.init_args.lr={job['lr']}",
+            f"--data.partitioner.init_args.classes_per_client={job['classes']}",
+            # 2 base samples of each of 10 digits for 100 clients would need 200 images of every digit
+            f"--data.partitioner.init_args.base_samples={2 if job['classes'] == 2 else 1}",
         ])  # fmt: skip
     return {
         **{k: v for k, v in job.items() if k != "strategy"},
@@ -148,7 +151,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20, help="T (the config has 100)")
     parser.add_argument("--epochs", type=int, default=2, help="F, local epochs (the config has 20)")
     parser.add_argument("--lr", type=float, default=0.1, help="the clients' SGD learning rate (the config has 0.01)")
+    parser.add_argument(
+        "--classes-per-client",
+        type=int,
+        default=2,
+        help="digits per client: 2 is the protocol's; 10 (1 base sample) is near-IID",
+    )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--aggregators", nargs="+", choices=tuple(AGGREGATORS), help="a subset of the aggregators")
+    parser.add_argument("--attacks", nargs="+", choices=tuple(ATTACKS), help="a subset of the attacks")
+    parser.add_argument("--fractions", nargs="+", type=float, help="a subset of the attacker fractions")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel, one thread each")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--skip-dp", action="store_true", help="leave out the DP runs (they need dp-accounting)")
@@ -158,8 +170,12 @@ def main() -> None:
         if args.reduced
         else (tuple(AGGREGATORS), tuple(ATTACKS), FRACTIONS, NOISE_MULTIPLIERS)
     )
+    aggregators = args.aggregators or aggregators
+    attacks = args.attacks or attacks
+    fractions = tuple(args.fractions or fractions)
     rounds, epochs = (10, 2) if args.reduced else (args.rounds, args.epochs)
-    base = {"rounds": rounds, "epochs": epochs, "lr": args.lr, "seed": args.seed}
+    classes = args.classes_per_client
+    base = {"rounds": rounds, "epochs": epochs, "lr": args.lr, "classes": classes, "seed": args.seed}
     # the most informative cells first, so that an interrupted grid still answers the main question
     jobs = [
         {**base, "kind": "robust", "aggregator": a, "attack": None, "fraction": 0.0, "strategy": strategy(a, None, 0)}
@@ -173,6 +189,7 @@ def main() -> None:
         for k, f in cells for a in aggregators
     ]  # fmt: skip
     name = "reduced" if args.reduced else f"T{rounds}_F{epochs}_lr{args.lr}_seed{args.seed}"
+    name += "" if classes == 2 else f"_classes{classes}"
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / f"{name}.jsonl"  # one line per finished run: rerunning the command continues the grid
     results = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -188,7 +205,8 @@ def main() -> None:
     elapsed = time.perf_counter() - started
     seconds = sum(r["seconds"] for r in results)
     report = (
-        f"digits, T = {rounds}, F = {epochs}, lr {args.lr}, seed {args.seed}: {len(results)} runs, "
+        f"digits, {classes} digits per client, T = {rounds}, F = {epochs}, lr {args.lr}, seed {args.seed}: "
+        f"{len(results)} runs, "
         f"{seconds:.0f} s of run time ({elapsed:.0f} s of wall time in this invocation, {args.jobs} jobs)\n"
         + table(results, aggregators, attacks, fractions)
         + "\n"
