@@ -105,7 +105,8 @@ def test_bad_settings_are_reported_together():
 
 
 def test_poisson_sampling_takes_each_client_with_probability_q(tmp_path):
-    trainer = fit(tmp_path, DPFedAvg(poisson_sampling=True), [4] * 20, [1.0] * 20, rounds=3, clients_per_round=5)
+    strategy = DPFedAvg(poisson_sampling=True, noise_multiplier=0.0)  # no noise: no accountant to run
+    trainer = fit(tmp_path, strategy, [4] * 20, [1.0] * 20, rounds=3, clients_per_round=5)
     for round_idx, row in enumerate(trainer.history):
         # the round's stream draws one uniform per client; q = 5/20
         expected = int((trainer.round_rng(round_idx).random(20) < 0.25).sum())
