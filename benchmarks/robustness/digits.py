@@ -163,6 +163,7 @@ def main() -> None:
     parser.add_argument("--fractions", nargs="+", type=float, help="a subset of the attacker fractions")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel, one thread each")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--report-only", action="store_true", help="write the tables from the runs finished so far")
     parser.add_argument("--skip-dp", action="store_true", help="leave out the DP runs (they need dp-accounting)")
     args = parser.parse_args()
     aggregators, attacks, fractions, noise = (
@@ -194,7 +195,7 @@ def main() -> None:
     log = args.out / f"{name}.jsonl"  # one line per finished run: rerunning the command continues the grid
     results = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     done = {_key(r) for r in results}
-    todo = [job for job in jobs if _key(job) not in done]
+    todo = [] if args.report_only else [job for job in jobs if _key(job) not in done]
     os.environ["OMP_NUM_THREADS"] = "1"
     started = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool, log.open("a") as out:
