@@ -1,7 +1,9 @@
 """Aggregation rules, one per file; :class:`Strategy` documents the hooks."""
 
+from fedlight.strategies.attacks import Attack
 from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
 from fedlight.strategies.clustered_fedavg import ClusteredFedAvg
+from fedlight.strategies.dp import DPFedAvg
 from fedlight.strategies.fairness import Fairness
 from fedlight.strategies.fedatt import FedAtt
 from fedlight.strategies.fedau import FedAU
@@ -14,12 +16,16 @@ from fedlight.strategies.fedprox import FedProx
 from fedlight.strategies.fedsl import FedSL
 from fedlight.strategies.fedsls import FedSLS
 from fedlight.strategies.moon import MOON
+from fedlight.strategies.robust import RobustAggregation
+from fedlight.strategies.wrapper import RuleWrapper
 
 __all__ = [
     "MOON",
+    "Attack",
     "ClientPlan",
     "ClientUpdate",
     "ClusteredFedAvg",
+    "DPFedAvg",
     "Fairness",
     "FedAU",
     "FedAtt",
@@ -31,5 +37,7 @@ __all__ = [
     "FedProx",
     "FedSL",
     "FedSLS",
+    "RobustAggregation",
+    "RuleWrapper",
     "Strategy",
 ]

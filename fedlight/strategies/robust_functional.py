@@ -1,0 +1,168 @@
+"""Byzantine-robust aggregators: pure functions of the round's ``[K, P]`` client states.
+
+Every aggregator here is translation-equivariant (distances and order statistics do not change when the
+same vector is added to every row), so it gives the same W^{t+1} whether it is fed the states θ_k or the
+updates Δ_k = θ_k − W^t with W^t added back.
+
+- coordinate-wise median and β-trimmed mean: Yin, Chen, Ramchandran & Bartlett, *Byzantine-Robust
+  Distributed Learning: Towards Optimal Statistical Rates*, ICML 2018 (Eqs. 3 and 4);
+- Krum and Multi-Krum: Blanchard, El Mhamdi, Guerraoui & Stainer, *Machine Learning with Adversaries:
+  Byzantine Tolerant Gradient Descent*, NeurIPS 2017 (Sec. 4);
+- Bulyan: El Mhamdi, Guerraoui & Rouault, *The Hidden Vulnerability of Distributed Learning in
+  Byzantium*, ICML 2018 (Sec. 4).
+
+Distances are taken in fp64, exactly (no ``‖a‖² + ‖b‖² − 2ab`` expansion), and ties go to the lowest
+row, so the result depends only on the rows and their order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def coordinate_median(states: torch.Tensor) -> torch.Tensor:
+    """The coordinate-wise median (Yin et al. 2018, Eq. 3); with an even K, the mean of the two middle values.
+
+    Args:
+        states: ``[K, P]`` client states.
+
+    >>> coordinate_median(torch.tensor([[1.0, 10.0], [2.0, -4.0], [9.0, 0.0], [4.0, 1.0]])).tolist()
+    [3.0, 0.5]
+    """
+    k = states.shape[0]
+    assert k >= 1, "the median of no state"
+    ordered = states.sort(dim=0).values
+    return 0.5 * (ordered[(k - 1) // 2] + ordered[k // 2])
+
+
+def trimmed_mean(states: torch.Tensor, beta: float) -> torch.Tensor:
+    """The coordinate-wise β-trimmed mean (Yin et al. 2018, Eq. 4).
+
+    In every coordinate, the ⌊βK⌋ largest and the ⌊βK⌋ smallest values are dropped and the remaining
+    K − 2⌊βK⌋ averaged. β = 0 is the plain mean.
+
+    Args:
+        states: ``[K, P]`` client states.
+        beta: β ∈ [0, 1/2), the fraction trimmed from each end.
+
+    >>> trimmed_mean(torch.tensor([[1.0, 10.0], [2.0, -4.0], [9.0, 0.0], [4.0, 1.0]]), 0.25).tolist()
+    [3.0, 0.5]
+    """
+    assert 0.0 <= beta < 0.5, f"trimmed mean needs β in [0, 1/2), got {beta}"
+    k = states.shape[0]
+    trim = int(beta * k)
+    ordered = states.sort(dim=0).values
+    return ordered[trim : k - trim].mean(dim=0)
+
+
+def squared_distances(states: torch.Tensor) -> torch.Tensor:
+    """``[K, K]`` fp64 squared Euclidean distances between rows.
+
+    >>> squared_distances(torch.tensor([[0.0, 0.0], [3.0, 4.0]])).tolist()
+    [[0.0, 25.0], [25.0, 0.0]]
+    """
+    rows = states.double()
+    # one row at a time: [K, P] of memory, and exact differences rather than ‖a‖² + ‖b‖² − 2ab
+    return torch.stack([(rows - row).square().sum(dim=1) for row in rows])
+
+
+def krum_scores(distances: torch.Tensor, f: int) -> torch.Tensor:
+    """Krum's scores (Blanchard et al. 2017): s(i) = Σ_{j ∈ N_i} ‖V_i − V_j‖², N_i the K − f − 2 nearest others.
+
+    Args:
+        distances: ``[K, K]`` squared distances (:func:`squared_distances`).
+        f: the number of Byzantine clients tolerated; K − f − 2 ≥ 0 neighbours are summed.
+
+    Returns:
+        ``[K]`` fp64 scores; lower means more central.
+
+    Points 0, 1, 2, 10 on a line with f = 1 (one neighbour each): 1, 1, 1, 64.
+
+    >>> points = torch.tensor([[0.0], [1.0], [2.0], [10.0]])
+    >>> krum_scores(squared_distances(points), f=1).tolist()
+    [1.0, 1.0, 1.0, 64.0]
+    """
+    k = distances.shape[0]
+    neighbours = k - f - 2
+    assert neighbours >= 0, f"Krum needs K ≥ f + 2, got K = {k}, f = {f}"
+    others = distances.masked_fill(torch.eye(k, dtype=torch.bool, device=distances.device), float("inf"))
+    return others.sort(dim=1).values[:, :neighbours].sum(dim=1)
+
+
+def multi_krum(
+    states: torch.Tensor, f: int, m: int = 1, weights: torch.Tensor | Sequence[float] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-Krum (Blanchard et al. 2017, Sec. 4): the average of the ``m`` states with the lowest Krum scores.
+
+    ``m = 1`` is Krum: the single most central state. Blanchard et al. average the selected states
+    uniformly; with ``weights`` (e.g. n_k) they are averaged with those weights instead.
+
+    Args:
+        states: ``[K, P]`` client states, K > 2f + 2.
+        f: the number of Byzantine clients tolerated.
+        m: how many states to average, 1 ≤ m ≤ K.
+        weights: ``[K]`` optional non-negative weights of the rows.
+
+    Returns:
+        ``([P] aggregate, [m] selected rows in order of score)``.
+
+    Points 0, 1, 2, 3, 10 with f = 1 score 5, 2, 2, 5, 113 (two neighbours each):
+
+    >>> points = torch.tensor([[0.0], [1.0], [2.0], [3.0], [10.0]])
+    >>> multi_krum(points, f=1, m=1)
+    (tensor([1.]), tensor([1]))
+    >>> multi_krum(points, f=1, m=3)
+    (tensor([1.]), tensor([1, 2, 0]))
+    """
+    k = states.shape[0]
+    assert k > 2 * f + 2, f"Krum needs K > 2f + 2, got K = {k}, f = {f}"
+    assert 1 <= m <= k, f"Multi-Krum averages 1 ≤ m ≤ K states, got m = {m}, K = {k}"
+    scores = krum_scores(squared_distances(states), f)
+    selected = scores.argsort(stable=True)[:m]
+    chosen = states[selected]
+    if weights is None:
+        return chosen.mean(dim=0), selected
+    weights = torch.as_tensor(weights, dtype=states.dtype, device=states.device)[selected]
+    return (weights / weights.sum()) @ chosen, selected
+
+
+def bulyan(states: torch.Tensor, f: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bulyan (El Mhamdi et al. 2018, Sec. 4) over Krum.
+
+    1. Selection: θ = K − 2f times, the Krum winner among the states not yet selected (scores recomputed
+       on what remains) joins the selection set S.
+    2. Aggregation: in every coordinate, the β = θ − 2f values of S closest to S's median are averaged.
+
+    Args:
+        states: ``[K, P]`` client states, K ≥ 4f + 3.
+        f: the number of Byzantine clients tolerated.
+
+    Returns:
+        ``([P] aggregate, [θ] selected rows in order of selection)``.
+
+    With f = 1 and seven states, the outlier at 100 is never selected and the two extremes of the
+    remaining five are trimmed in each coordinate:
+
+    >>> points = torch.tensor([[0.0], [1.0], [2.0], [3.0], [4.0], [5.0], [100.0]])
+    >>> aggregate, selected = bulyan(points, f=1)
+    >>> aggregate.tolist(), sorted(selected.tolist())
+    ([2.0], [0, 1, 2, 3, 4])
+    """
+    k = states.shape[0]
+    assert k >= 4 * f + 3, f"Bulyan needs K ≥ 4f + 3, got K = {k}, f = {f}"
+    theta, beta = k - 2 * f, k - 4 * f
+    distances = squared_distances(states)
+    remaining = torch.arange(k, device=states.device)
+    selected = []
+    for _ in range(theta):
+        # with f = 0 the last pick is alone, with no neighbour to score; any other pick has ≥ 0 of them
+        scores = krum_scores(distances[remaining][:, remaining], min(f, remaining.numel() - 2))
+        pick = int(scores.argmin())  # the first of equal scores
+        selected.append(int(remaining[pick]))
+        remaining = torch.cat([remaining[:pick], remaining[pick + 1 :]])
+    chosen = states[selected]  # [θ, P]
+    median = coordinate_median(chosen)
+    closest = (chosen - median).abs().argsort(dim=0, stable=True)[:beta]  # [β, P]
+    return chosen.gather(0, closest).mean(dim=0), torch.tensor(selected, device=states.device)
