@@ -325,8 +325,10 @@ def check_config_files(args: list[str]) -> None:
             problems.append(f"--config {path} is empty: give it at least one setting, or leave it out.")
         elif not isinstance(content, dict):
             problems.append(f"--config {path} holds a {type(content).__name__}, not 'key: value' settings.")
-        elif isinstance(content.get("config"), str):
-            files.append(path.parent / content["config"])
+        else:  # the files it builds on, where they exist (a missing one is reported by the stacking)
+            bases = content.get("config")
+            bases = [bases] if isinstance(bases, str) else bases if isinstance(bases, list) else []
+            files += [path.parent / base for base in bases if (path.parent / base).is_file()]
     if problems:
         raise ConfigError(*problems)
 

@@ -103,7 +103,7 @@ def test_the_command_prints_the_exact_resume_command_and_it_resumes(tmp_path, ca
         main(args)
     assert exit_info.value.code == 128 + signal.SIGTERM
     err = capsys.readouterr().err
-    checkpoint = tmp_path / "term_at_round_1" / "version_0" / "checkpoints" / "last.ckpt"
+    checkpoint = tmp_path / "fedavg_delta0" / "version_0" / "checkpoints" / "last.ckpt"  # named by the first file
     assert f"stopped by SIGTERM after round 2; the checkpoint {checkpoint} holds it" in err
     command = err.split("Resume with:\n")[1].strip()
     assert command == shlex.join(["fedlight", *args, "--ckpt_path", str(checkpoint)])
