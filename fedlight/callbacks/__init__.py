@@ -3,6 +3,7 @@
 from fedlight.callbacks.amm import AggregateMeanMargin
 from fedlight.callbacks.base import RoundCallback
 from fedlight.callbacks.entropy_maps import EntropyMaps
+from fedlight.callbacks.backbone_feature_cache import BackboneFeatureCache
 from fedlight.callbacks.feature_discrepancy import FeatureDiscrepancy
 from fedlight.callbacks.gradient_dissimilarity import GradientDissimilarity
 from fedlight.callbacks.partition_summary import PartitionSummary
@@ -10,6 +11,7 @@ from fedlight.callbacks.tsne import FeatureTSNE
 
 __all__ = [
     "AggregateMeanMargin",
+    "BackboneFeatureCache",
     "EntropyMaps",
     "FeatureDiscrepancy",
     "FeatureTSNE",
