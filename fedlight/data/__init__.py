@@ -10,6 +10,7 @@ from fedlight.data.femnist import FEMNIST
 from fedlight.data.mnist import MNIST
 from fedlight.data.npz import NpzDataset
 from fedlight.data.scenes import Scenes
+from fedlight.data.street_scenes import StreetScenes
 from fedlight.data.synthetic import Synthetic
 from fedlight.data.tiny_imagenet import TinyImageNet
 from fedlight.data.voc import PascalVOC
@@ -28,6 +29,7 @@ __all__ = [
     "NpzDataset",
     "PascalVOC",
     "Scenes",
+    "StreetScenes",
     "Synthetic",
     "TinyImageNet",
 ]
