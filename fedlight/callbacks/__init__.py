@@ -1,9 +1,9 @@
 """Round callbacks that are not aggregation rules."""
 
 from fedlight.callbacks.amm import AggregateMeanMargin
+from fedlight.callbacks.backbone_feature_cache import BackboneFeatureCache
 from fedlight.callbacks.base import RoundCallback
 from fedlight.callbacks.entropy_maps import EntropyMaps
-from fedlight.callbacks.backbone_feature_cache import BackboneFeatureCache
 from fedlight.callbacks.feature_discrepancy import FeatureDiscrepancy
 from fedlight.callbacks.gradient_dissimilarity import GradientDissimilarity
 from fedlight.callbacks.partition_summary import PartitionSummary
