@@ -134,7 +134,9 @@ def build_patch_backbone(name: BackboneName, image_size: int, **kwargs: Any) -> 
     >>> tuple(backbone(torch.zeros(2, 3, 32, 48)).shape)
     (2, 64, 4, 6)
     """
-    from timm.models.vision_transformer import VisionTransformer
+    if name == "conv_patch8":
+        return ConvPatchFeatures(**kwargs)
+    from timm.models.vision_transformer import VisionTransformer  # timm takes seconds to import
 
     if name == "vit_base_patch8_224":
         vit = VisionTransformer(
@@ -147,6 +149,4 @@ def build_patch_backbone(name: BackboneName, image_size: int, **kwargs: Any) -> 
         return ViTPatchFeatures(
             VisionTransformer(img_size=image_size, patch_size=8, num_classes=0, dynamic_img_size=True, **options)
         )
-    if name == "conv_patch8":
-        return ConvPatchFeatures(**kwargs)
     raise ConfigError(f"Unknown backbone {name!r}; choose vit_base_patch8_224, vit_tiny_patch8 or conv_patch8.")
