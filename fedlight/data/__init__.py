@@ -4,6 +4,8 @@ from fedlight.data.base import FederatedDataset, LabelledTensors
 from fedlight.data.celeba import CelebA
 from fedlight.data.cifar import CIFAR10, CIFAR100
 from fedlight.data.cinic10 import CINIC10
+from fedlight.data.cityscapes import CityscapesFUSS
+from fedlight.data.cocostuff import CocoStuff27
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.data.digits import Digits
 from fedlight.data.femnist import FEMNIST
@@ -22,6 +24,8 @@ __all__ = [
     "FEMNIST",
     "MNIST",
     "CelebA",
+    "CityscapesFUSS",
+    "CocoStuff27",
     "Digits",
     "FederatedDataModule",
     "FederatedDataset",
