@@ -35,6 +35,7 @@ Without a cache the backbone runs on every batch and only the self and random pa
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -62,11 +63,16 @@ class UnsupervisedSegmentationClient(FederatedClient):
             stand-in) or ``conv_patch8`` (random, for smoke tests).
         backbone_kwargs: options of the backbone (widths of the stand-ins).
         pretrained: local path of the backbone's weights, loaded once before the first round. For
-            ``vit_base_patch8_224``: DINO's ``dino_vitbase8_pretrain.pth``. ``null`` keeps the initialisation.
+            ``vit_base_patch8_224``: DINO's ``dino_vitbase8_pretrain.pth``. ``null`` keeps a random
+            initialisation; with a path, the backbone is built without one and must be loaded
+            (``configure_model``, or a checkpoint's frozen state when resuming).
         num_clusters: n, the rows of M; ``null`` means C (27 for Cityscapes and CocoStuff-27).
         dim: D, the code width (70).
         dropout: ``Dropout2d`` probability in front of each head branch and on the features the loss reads.
         preset: λ and b of the three pairings, the official ``cityscapes`` or ``cocostuff`` configuration.
+        correspondence: values that replace the preset's (``lambda_self``, ``b_rand``, …). The shifts b are
+            thresholds on feature correlations, so another backbone needs its own (STEGO tunes them per
+            dataset for DINO).
         feature_samples: S, the side of the grid of sampled points (11).
         num_negatives: random partners per image (5).
         num_neighbors: a partner is drawn from this many nearest neighbours (2).
@@ -91,6 +97,7 @@ class UnsupervisedSegmentationClient(FederatedClient):
         dim: int = 70,
         dropout: float = 0.1,
         preset: Literal["cityscapes", "cocostuff"] = "cityscapes",
+        correspondence: dict[str, float] | None = None,
         feature_samples: int = 11,
         num_negatives: int = 5,
         num_neighbors: int = 2,
@@ -102,7 +109,10 @@ class UnsupervisedSegmentationClient(FederatedClient):
         ignore_index: int = IGNORE_INDEX,
     ) -> None:
         super().__init__()
-        self.backbone = build_patch_backbone(backbone, image_size=int(input_shape[-1]), **(backbone_kwargs or {}))
+        # with weights to load, the ViT's random initialisation (seconds for ViT-B/8) would be thrown away
+        self.backbone = build_patch_backbone(
+            backbone, image_size=int(input_shape[-1]), initialize=pretrained is None, **(backbone_kwargs or {})
+        )
         patch = self.backbone.patch_size
         problems = []
         if input_shape[-1] % patch or input_shape[-2] % patch:
@@ -122,7 +132,7 @@ class UnsupervisedSegmentationClient(FederatedClient):
         self.feature_dropout = nn.Dropout2d(dropout)
         self.centroids = ClusterLookup(self.num_clusters, dim, separation_weight)
         self.linear_probe = nn.Conv2d(dim, num_classes, kernel_size=1)
-        self.weights: CorrespondenceWeights = STEGO_PRESETS[preset]
+        self.weights: CorrespondenceWeights = replace(STEGO_PRESETS[preset], **(correspondence or {}))
         self.feature_samples = feature_samples
         self.num_negatives = num_negatives
         self.num_neighbors = num_neighbors
@@ -150,6 +160,11 @@ class UnsupervisedSegmentationClient(FederatedClient):
     def attach_feature_cache(self, cache: FeatureCache | None) -> None:
         """Serves training features and nearest neighbours from ``cache`` (None: compute features per batch)."""
         self.feature_cache = cache
+
+    @property
+    def net(self) -> StegoHead:
+        """The network that trains (the head); the backbone is frozen and M is ``centroids``."""
+        return self.head
 
     # -- forward -----------------------------------------------------------------------------------
     @torch.no_grad()

@@ -18,11 +18,13 @@ image sizes (FUSS evaluates at 320×320), as DINO's own ``interpolate_pos_encodi
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import skip_init
 
 from fedlight.errors import ConfigError
 
@@ -121,12 +123,14 @@ class ConvPatchFeatures(PatchFeatures):
         self.load_state_dict(torch.load(Path(path), map_location="cpu", weights_only=True))
 
 
-def build_patch_backbone(name: BackboneName, image_size: int, **kwargs: Any) -> PatchFeatures:
+def build_patch_backbone(name: BackboneName, image_size: int, initialize: bool = True, **kwargs: Any) -> PatchFeatures:
     """Builds a patch-feature backbone by name (see the module docstring).
 
     Args:
         name: ``vit_base_patch8_224``, ``vit_tiny_patch8`` or ``conv_patch8``.
         image_size: the training image side, the ViT's native size (its position embedding's grid).
+        initialize: draw the ViT's random initialisation. ``False`` leaves its weights uninitialised, for
+            a network whose weights are loaded next (ViT-B/8's initialisation alone takes seconds).
         **kwargs: ``vit_tiny_patch8``: ``embed_dim`` (64), ``depth`` (2), ``num_heads`` (2);
             ``conv_patch8``: ``out_channels`` (64), ``width`` (32).
 
@@ -138,15 +142,12 @@ def build_patch_backbone(name: BackboneName, image_size: int, **kwargs: Any) -> 
         return ConvPatchFeatures(**kwargs)
     from timm.models.vision_transformer import VisionTransformer  # timm takes seconds to import
 
+    build = VisionTransformer if initialize else partial(skip_init, VisionTransformer)
     if name == "vit_base_patch8_224":
-        vit = VisionTransformer(
-            img_size=image_size, patch_size=8, embed_dim=768, depth=12, num_heads=12, num_classes=0,
-            dynamic_img_size=True, **kwargs,
-        )  # fmt: skip
-        return ViTPatchFeatures(vit)
-    if name == "vit_tiny_patch8":
+        options = {"embed_dim": 768, "depth": 12, "num_heads": 12} | kwargs
+    elif name == "vit_tiny_patch8":
         options = {"embed_dim": 64, "depth": 2, "num_heads": 2} | kwargs
-        return ViTPatchFeatures(
-            VisionTransformer(img_size=image_size, patch_size=8, num_classes=0, dynamic_img_size=True, **options)
-        )
-    raise ConfigError(f"Unknown backbone {name!r}; choose vit_base_patch8_224, vit_tiny_patch8 or conv_patch8.")
+    else:
+        raise ConfigError(f"Unknown backbone {name!r}; choose vit_base_patch8_224, vit_tiny_patch8 or conv_patch8.")
+    vit = build(img_size=image_size, patch_size=8, num_classes=0, dynamic_img_size=True, **options)
+    return ViTPatchFeatures(vit)
