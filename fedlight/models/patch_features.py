@@ -35,6 +35,11 @@ DINO_VITB8_URL = "https://dl.fbaipublicfiles.com/dino/dino_vitbase8_pretrain/din
 class PatchFeatures(nn.Module):
     """A backbone that maps images ``[B, 3, H, W]`` to a feature map ``[B, C, H/p, W/p]``.
 
+    ``center`` (``[C]``, zeros unless set) is subtracted from every feature vector. Random stand-ins put all
+    their features near one common direction (cosine ≈ 0.8 between any two patches, where DINO's spread out);
+    setting ``center`` to their mean feature over some images removes that direction once, as a frozen part
+    of the backbone.
+
     Attributes:
         patch_size: p, the side of the square patch (the map's stride).
         out_channels: C.
@@ -42,6 +47,11 @@ class PatchFeatures(nn.Module):
 
     patch_size: int
     out_channels: int
+
+    center: Tensor
+
+    def _centered(self, features: Tensor) -> Tensor:
+        return features - self.center.view(1, -1, 1, 1).to(features.dtype)
 
     def load_pretrained(self, path: str | Path) -> None:
         """Loads weights from a local file (for ViTs: DINO's or timm's key names)."""
@@ -60,12 +70,13 @@ class ViTPatchFeatures(PatchFeatures):
         self.vit = vit
         self.patch_size = int(vit.patch_embed.patch_size[0])
         self.out_channels = int(vit.embed_dim)
+        self.register_buffer("center", torch.zeros(self.out_channels))
 
     def forward(self, images: Tensor) -> Tensor:
         h, w = images.shape[-2] // self.patch_size, images.shape[-1] // self.patch_size
         tokens = self.vit.forward_features(images)  # [B, prefix + h·w, C], after the final norm
         patches = tokens[:, self.vit.num_prefix_tokens :]  # [B, h·w, C]
-        return patches.transpose(1, 2).reshape(images.shape[0], self.out_channels, h, w)
+        return self._centered(patches.transpose(1, 2).reshape(images.shape[0], self.out_channels, h, w))
 
     def load_pretrained(self, path: str | Path) -> None:
         """Loads DINO's or timm's ViT weights; every weight of the network must be found.
@@ -108,6 +119,7 @@ class ConvPatchFeatures(PatchFeatures):
     def __init__(self, out_channels: int = 64, width: int = 32) -> None:
         super().__init__()
         self.patch_size, self.out_channels = 8, out_channels
+        self.register_buffer("center", torch.zeros(out_channels))
         self.net = nn.Sequential(
             nn.Conv2d(3, width, 3, stride=2, padding=1),
             nn.ReLU(),
@@ -117,7 +129,7 @@ class ConvPatchFeatures(PatchFeatures):
         )
 
     def forward(self, images: Tensor) -> Tensor:
-        return self.net(images)  # [B, C, H/8, W/8]
+        return self._centered(self.net(images))  # [B, C, H/8, W/8]
 
     def load_pretrained(self, path: str | Path) -> None:
         self.load_state_dict(torch.load(Path(path), map_location="cpu", weights_only=True))

@@ -48,3 +48,15 @@ def test_weights_of_another_architecture_are_refused(tmp_path):
     torch.save(other.vit.state_dict(), path)
     with pytest.raises(ConfigError, match="do not fit"):
         build_patch_backbone("vit_tiny_patch8", image_size=32, depth=2).load_pretrained(path)
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch8", "conv_patch8"])
+def test_a_set_center_is_subtracted_from_every_feature_vector(name):
+    torch.manual_seed(0)
+    backbone = build_patch_backbone(name, image_size=16).eval()
+    images = torch.randn(2, 3, 16, 16)
+    before = backbone(images)
+    center = torch.randn(backbone.out_channels)
+    backbone.center.copy_(center)
+    torch.testing.assert_close(backbone(images), before - center.view(1, -1, 1, 1))
+    assert "center" in backbone.state_dict()  # frozen with the backbone, checkpointed with it
