@@ -63,6 +63,7 @@ def run(args, dataset, shifts, center, strategy: FedCC, cache_dir: str) -> tuple
         num_classes=dataset.num_classes,
         input_shape=dataset.input_shape,
         backbone="vit_tiny_patch8",
+        pretrained=args.pretrained,
         correspondence=shifts,
         feature_samples=args.samples,
     )
@@ -89,6 +90,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="local batches per round (default 20; 8 reduced)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 3; 2 reduced)")
     parser.add_argument("--main-rows-only", action="store_true", help="only the three W+E+C rows")
+    parser.add_argument("--pretrained", default=None, help="weights of the small ViT (pretrain_tiny_vit.py)")
     args = parser.parse_args()
     steps, rounds = args.steps, args.rounds
     torch.set_num_threads(1)
@@ -108,6 +110,8 @@ def main() -> None:
     )
     torch.manual_seed(args.seed)
     backbone = build_patch_backbone("vit_tiny_patch8", args.size).eval()  # the runs' backbone: same seed
+    if args.pretrained is not None:
+        backbone.load_pretrained(args.pretrained)
     with torch.no_grad():
         center = backbone(dataset.load_train().inputs).mean(dim=(0, 2, 3))  # [C] over every training patch
     backbone.center.copy_(center)
