@@ -1,6 +1,7 @@
 """Round callbacks that are not aggregation rules."""
 
 from fedlight.callbacks.amm import AggregateMeanMargin
+from fedlight.callbacks.backbone_feature_cache import BackboneFeatureCache
 from fedlight.callbacks.base import RoundCallback
 from fedlight.callbacks.entropy_maps import EntropyMaps
 from fedlight.callbacks.feature_discrepancy import FeatureDiscrepancy
@@ -10,6 +11,7 @@ from fedlight.callbacks.tsne import FeatureTSNE
 
 __all__ = [
     "AggregateMeanMargin",
+    "BackboneFeatureCache",
     "EntropyMaps",
     "FeatureDiscrepancy",
     "FeatureTSNE",

@@ -3,5 +3,13 @@
 from fedlight.clients.base import FederatedClient, LocalFit, OptimizerCallable
 from fedlight.clients.classification import ClassificationClient
 from fedlight.clients.segmentation import SegmentationClient
+from fedlight.clients.unsupervised import UnsupervisedSegmentationClient
 
-__all__ = ["ClassificationClient", "FederatedClient", "LocalFit", "OptimizerCallable", "SegmentationClient"]
+__all__ = [
+    "ClassificationClient",
+    "FederatedClient",
+    "LocalFit",
+    "OptimizerCallable",
+    "SegmentationClient",
+    "UnsupervisedSegmentationClient",
+]

@@ -4,12 +4,15 @@ from fedlight.data.base import FederatedDataset, LabelledTensors
 from fedlight.data.celeba import CelebA
 from fedlight.data.cifar import CIFAR10, CIFAR100
 from fedlight.data.cinic10 import CINIC10
+from fedlight.data.cityscapes import CityscapesFUSS
+from fedlight.data.cocostuff import CocoStuff27
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.data.digits import Digits
 from fedlight.data.femnist import FEMNIST
 from fedlight.data.mnist import MNIST
 from fedlight.data.npz import NpzDataset
 from fedlight.data.scenes import Scenes
+from fedlight.data.street_scenes import StreetScenes
 from fedlight.data.synthetic import Synthetic
 from fedlight.data.tiny_imagenet import TinyImageNet
 from fedlight.data.voc import PascalVOC
@@ -21,6 +24,8 @@ __all__ = [
     "FEMNIST",
     "MNIST",
     "CelebA",
+    "CityscapesFUSS",
+    "CocoStuff27",
     "Digits",
     "FederatedDataModule",
     "FederatedDataset",
@@ -28,6 +33,7 @@ __all__ = [
     "NpzDataset",
     "PascalVOC",
     "Scenes",
+    "StreetScenes",
     "Synthetic",
     "TinyImageNet",
 ]

@@ -54,6 +54,9 @@ class FederatedDataModule:
             ``DataLoader`` does. DeepLab-V3+'s image-pooling BatchNorm cannot train on one image, so the
             segmentation configs set it; a client with fewer training samples than one batch then
             trains no step.
+        return_index: training batches are ``(x, y, index)`` with each sample's position in the pool, for
+            losses that look up other data of a sample (STEGO's nearest neighbours, cached backbone
+            features); evaluation batches are unchanged.
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class FederatedDataModule:
         centralized: bool = False,
         train_transform: BatchTransform | None = None,
         drop_last: bool = False,
+        return_index: bool = False,
     ) -> None:
         problems = []
         if batch_size < 1:
@@ -86,6 +90,7 @@ class FederatedDataModule:
         self.centralized = centralized
         self.train_transform = train_transform
         self.drop_last = drop_last
+        self.return_index = return_index
         self.device = torch.device("cpu")
         self._is_setup = False
 
@@ -154,8 +159,11 @@ class FederatedDataModule:
         rounding = math.floor if self.drop_last else math.ceil
         return rounding(len(self.client_train[client]) / self.batch_size)
 
-    def train_batches(self, client: int, generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Yields one shuffled epoch of client ``client``'s training batches (the last may be smaller)."""
+    def train_batches(self, client: int, generator: torch.Generator) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Yields one shuffled epoch of client ``client``'s training batches (the last may be smaller).
+
+        Batches are ``(x, y)``, or ``(x, y, pool index)`` with ``return_index``.
+        """
         indices = self.client_train[client]
         order = indices[torch.randperm(len(indices), generator=generator).to(indices.device)]
         for start in range(0, self.num_batches(client) * self.batch_size, self.batch_size):
@@ -163,7 +171,7 @@ class FederatedDataModule:
             x, y = _take(self.pool.inputs, batch, self.device), _take(self.pool.targets, batch, self.device)
             if self.train_transform is not None:
                 x, y = self.train_transform(x, y, generator)
-            yield x, y
+            yield (x, y, batch) if self.return_index else (x, y)
 
     def client_batches(
         self, client: int, split: Literal["train", "held_out"] = "train"

@@ -3,6 +3,12 @@
 from fedlight.metrics import functional
 from fedlight.metrics.classification import GroupedClassification
 from fedlight.metrics.segmentation import GroupedSegmentation
-from fedlight.metrics.unsupervised import UnsupervisedSegmentation
+from fedlight.metrics.unsupervised import ProbedUnsupervisedSegmentation, UnsupervisedSegmentation
 
-__all__ = ["GroupedClassification", "GroupedSegmentation", "UnsupervisedSegmentation", "functional"]
+__all__ = [
+    "GroupedClassification",
+    "GroupedSegmentation",
+    "ProbedUnsupervisedSegmentation",
+    "UnsupervisedSegmentation",
+    "functional",
+]

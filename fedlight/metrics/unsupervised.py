@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from fedlight.metrics.functional.segmentation import confusion_matrix, mean_iou, pixel_accuracy
 from fedlight.metrics.functional.unsupervised import cluster_histogram, matched_scores
 
 
@@ -43,3 +44,49 @@ class UnsupervisedSegmentation(Metric):
 
     def compute(self) -> dict[str, Tensor]:
         return matched_scores(self.histogram)
+
+
+class ProbedUnsupervisedSegmentation(Metric):
+    """FUSS's two evaluations in one pass: the clusters (Hungarian-matched) and a supervised linear probe.
+
+    The cluster scores (``miou``, ``acc``) are the unsupervised result; the probe's (``linear/miou``,
+    ``linear/acc``) come from a 1×1 classifier trained on detached codes with ground-truth labels, which
+    STEGO reports as a separate, supervised measure of the codes. Both states are sums: a ``[K, C]``
+    cluster×class histogram and a ``[C, C]`` confusion matrix.
+
+    Args:
+        num_clusters: number of clusters K.
+        num_classes: number of true classes C.
+        ignore_index: label of void pixels.
+
+    >>> metric = ProbedUnsupervisedSegmentation(num_clusters=2, num_classes=2)
+    >>> target = torch.tensor([[0, 0, 1, 1]])
+    >>> metric.update(clusters=torch.tensor([[1, 1, 0, 0]]), linear=torch.tensor([[0, 1, 1, 1]]), target=target)
+    >>> out = metric.compute()
+    >>> out["miou"].item(), out["linear/acc"].item(), round(out["linear/miou"].item(), 4)
+    (1.0, 0.75, 0.5833)
+    """
+
+    full_state_update = False
+
+    def __init__(self, num_clusters: int, num_classes: int, ignore_index: int = 255, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.num_clusters, self.num_classes, self.ignore_index = num_clusters, num_classes, ignore_index
+        histogram = torch.zeros(num_clusters, num_classes, dtype=torch.float64)  # [K, C]
+        confmat = torch.zeros(num_classes, num_classes, dtype=torch.float64)  # [C, C], rows: true class
+        self.add_state("histogram", default=histogram, dist_reduce_fx="sum")
+        self.add_state("confmat", default=confmat, dist_reduce_fx="sum")
+
+    def update(self, clusters: Tensor, linear: Tensor, target: Tensor) -> None:
+        """Adds cluster and probe predictions ``[B, H, W]`` against ``target`` ``[B, H, W]``."""
+        self.histogram += cluster_histogram(clusters, target, self.num_clusters, self.num_classes, self.ignore_index)
+        self.confmat += confusion_matrix(linear, target, self.num_classes, self.ignore_index)[0]
+
+    def compute(self) -> dict[str, Tensor]:
+        scores = matched_scores(self.histogram)
+        return {
+            "miou": scores["miou"],
+            "acc": scores["acc"],
+            "linear/miou": mean_iou(self.confmat),
+            "linear/acc": pixel_accuracy(self.confmat),
+        }

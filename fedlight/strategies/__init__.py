@@ -9,6 +9,9 @@ from fedlight.strategies.fedatt import FedAtt
 from fedlight.strategies.fedau import FedAU
 from fedlight.strategies.fedavg import FedAvg
 from fedlight.strategies.fedavgm import FedAvgM
+from fedlight.strategies.fedcc import FedCC
+from fedlight.strategies.fedcc_moon import FedCCMOON
+from fedlight.strategies.fedcc_prox import FedCCProx
 from fedlight.strategies.feddecorr import FedDecorr
 from fedlight.strategies.fednova import FedNova
 from fedlight.strategies.fedproto import FedProto
@@ -31,6 +34,9 @@ __all__ = [
     "FedAtt",
     "FedAvg",
     "FedAvgM",
+    "FedCC",
+    "FedCCMOON",
+    "FedCCProx",
     "FedDecorr",
     "FedNova",
     "FedProto",

@@ -106,3 +106,20 @@ def test_drop_last_leaves_out_the_short_batch() -> None:
         assert sizes == [4] * (size // 4) and data.num_batches(client) == size // 4
         full = [len(x) for x, _ in keep.train_batches(client, torch.Generator().manual_seed(0))]
         assert sum(full) == size and keep.num_batches(client) == len(full) == -(-size // 4)
+
+
+def test_return_index_names_each_training_image_in_the_pool() -> None:
+    data = _datamodule(_scenes(), return_index=True)
+    plain = _datamodule(_scenes())
+    for client in range(6):
+        seen = []
+        batches = zip(
+            data.train_batches(client, torch.Generator().manual_seed(3)),
+            plain.train_batches(client, torch.Generator().manual_seed(3)),
+            strict=True,
+        )
+        for (x, y, index), (px, py) in batches:
+            assert torch.equal(x, data.pool.inputs[index]) and torch.equal(y, data.pool.targets[index])
+            assert torch.equal(x, px) and torch.equal(y, py)  # the same batches, only named
+            seen += index.tolist()
+        assert sorted(seen) == data.client_train[client].tolist()

@@ -44,3 +44,19 @@ def test_scores_are_argmaxed_over_the_cluster_axis():
     from_scores.update(scores, target)
     from_clusters.update(clusters, target)
     torch.testing.assert_close(from_scores.histogram, from_clusters.histogram)
+
+
+def test_probed_metric_scores_clusters_by_matching_and_the_probe_directly():
+    from fedlight.metrics.unsupervised import ProbedUnsupervisedSegmentation
+
+    target = torch.tensor([[0, 0, 1, 1, 2, 255]])
+    clusters = torch.tensor([[2, 2, 0, 0, 1, 1]])  # a perfect partition under the map 2→0, 0→1, 1→2
+    linear = torch.tensor([[0, 1, 1, 1, 1, 0]])  # class 0: 1 of 2 right; class 2 never predicted
+    metric = ProbedUnsupervisedSegmentation(num_clusters=3, num_classes=3)
+    metric.update(clusters=clusters[:, :3], linear=linear[:, :3], target=target[:, :3])
+    metric.update(clusters=clusters[:, 3:], linear=linear[:, 3:], target=target[:, 3:])
+    out = metric.compute()
+    assert out["miou"].item() == 1.0 and out["acc"].item() == 1.0
+    # IoU_0 = 1/2, IoU_1 = 2/(2 + 2) (class 0's and class 2's pixels predicted 1), IoU_2 = 0
+    assert abs(out["linear/miou"].item() - (0.5 + 0.5 + 0.0) / 3) < 1e-12
+    assert out["linear/acc"].item() == 3 / 5

@@ -1,0 +1,142 @@
+"""MOON in FUSS (Charalambous et al., Sec. 5; Li, He & Song, CVPR 2021): a per-pixel model-contrastive
+loss on the head's non-linear branch, with FedCC's or FedAvg's server.
+
+FUSS's MOON rows (the official ``training_step``) contrast, at every pixel, the client's code z (both
+branches, with dropout) with the code the *received* non-linear branch N^t gives the same features (the
+positive) and the code its own previous local N gives (the negative):
+
+    ℓ = −log( e^{cos(z, z_g)/τ} / (e^{cos(z, z_g)/τ} + e^{cos(z, z_p)/τ} + 1e-8) ),  averaged over pixels,
+
+with z_g = N^t(f), z_p = N_prev(f), τ = 0.5 and weight 1. N^t is frozen at the round's start; N_prev is the
+client's N after its previous local fit. A client with no previous fit has no negative and adds nothing, as
+:class:`~fedlight.strategies.moon.MOON` does. Table 2's "FedMOON" row is ``centroids: average``.
+
+Memory: one flat fp32 copy of N per client that has trained (DINO ViT-B/8's N: 2.6 MB), kept on the CPU and
+checkpointed; two frozen copies of N on the training device.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedlight.errors import ConfigError
+from fedlight.state import FlatState
+from fedlight.strategies.fedcc import CentroidRule, FedCC
+
+if TYPE_CHECKING:
+    from lightning import LightningModule
+
+    from fedlight.context import RunContext
+    from fedlight.strategies.base import ClientPlan, ClientUpdate
+
+
+def pixel_contrastive_loss(codes: Tensor, positive: Tensor, negative: Tensor, temperature: float = 0.5) -> Tensor:
+    """ℓ of FUSS's MOON variant, averaged over pixels, from codes ``[B, D, h, w]``.
+
+    With z = z_g and z ⟂ z_p the ratio is e^{1/τ} / (e^{1/τ} + 1), so ℓ = log(1 + e^{−2}) at τ = 0.5:
+
+    >>> z = torch.tensor([1.0, 0.0]).view(1, 2, 1, 1)
+    >>> round(pixel_contrastive_loss(z, z, torch.tensor([0.0, 3.0]).view(1, 2, 1, 1)).item(), 6)
+    0.126928
+    """
+    pos = torch.exp(F.cosine_similarity(codes, positive, dim=1) / temperature)  # [B, h, w]
+    neg = torch.exp(F.cosine_similarity(codes, negative, dim=1) / temperature)
+    return -torch.log(pos / (pos + neg + 1e-8)).mean()
+
+
+class FedCCMOON(FedCC):
+    """:class:`~fedlight.strategies.fedcc.FedCC` whose clients add μ·ℓ against N^t and their previous N.
+
+    Args:
+        mu: weight of the contrastive loss (1 in FUSS).
+        temperature: τ (0.5).
+        branch: the contrasted submodule (``head.nonlinear``, FUSS's N).
+        centroids: ``maximin``, ``kmeans`` or ``average`` (plain MOON); see FedCC.
+        weighting: ``batches`` or ``uniform``; see FedCC.
+        aggregated: ``all``, ``encoder`` or ``centroids``; see FedCC.
+        tolerate_stragglers: see FedCC.
+        sampling: see FedCC.
+    """
+
+    def __init__(
+        self,
+        mu: float = 1.0,
+        temperature: float = 0.5,
+        branch: str = "head.nonlinear",
+        centroids: CentroidRule = "maximin",
+        weighting: Literal["batches", "uniform"] = "batches",
+        aggregated: Literal["all", "encoder", "centroids"] = "all",
+        tolerate_stragglers: bool | None = None,
+        sampling: Literal["proportional", "uniform"] | None = None,
+    ) -> None:
+        problems = []
+        if not mu >= 0:
+            problems.append(f"Expected --strategy.init_args.mu ≥ 0, got {mu}; FUSS uses 1.")
+        if not temperature > 0:
+            problems.append(f"Expected --strategy.init_args.temperature (τ) > 0, got {temperature}; FUSS uses 0.5.")
+        if problems:
+            raise ConfigError(*problems)
+        super().__init__(
+            centroids=centroids,
+            weighting=weighting,
+            aggregated=aggregated,
+            tolerate_stragglers=tolerate_stragglers,
+            sampling=sampling,
+        )
+        self.mu, self.temperature, self.branch = mu, temperature, branch
+        self.previous: dict[int, Tensor] = {}  # client → [P_N] its N after its last local fit
+        self._fresh: dict[int, Tensor] = {}  # this round's entries of ``previous``, trained in this process
+        self._layout: FlatState | None = None
+        self._global: nn.Module | None = None  # N^t, frozen
+        self._previous: nn.Module | None = None  # N_prev, frozen
+        self._has_previous = False
+
+    def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
+        branch = module.get_submodule(self.branch)
+        if self._layout is None:
+            self._layout = FlatState(branch)
+            self._global = copy.deepcopy(branch).requires_grad_(False).eval()
+            self._previous = copy.deepcopy(branch).requires_grad_(False).eval()
+        self._global.load_state_dict(branch.state_dict())
+        previous = self.previous.get(plan.client)
+        self._has_previous = previous is not None
+        if self._has_previous:
+            self._layout.load(self._previous, previous)
+
+    def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, Tensor]) -> Tensor:
+        if self.mu == 0 or not self._has_previous:
+            return outputs["loss"]
+        feats = outputs["features"]  # f [B, C, h, w], as the head read them
+        with torch.no_grad():
+            positive, negative = self._global(feats), self._previous(feats)  # [B, D, h, w]
+        contrastive = pixel_contrastive_loss(outputs["codes"], positive, negative, self.temperature)
+        return outputs["loss"] + self.mu * contrastive
+
+    def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
+        super().on_client_fit_end(context, module, update)
+        state = self._layout.flatten(module.get_submodule(self.branch)).cpu()
+        if bool(torch.isfinite(state).all()):
+            self.previous[update.client] = self._fresh[update.client] = state
+
+    def on_round_start(self, context: RunContext, round_idx: int, plans: list[ClientPlan]) -> None:
+        super().on_round_start(context, round_idx, plans)
+        self._fresh = {}
+
+    def on_round_end(self, context: RunContext, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
+        metrics = super().on_round_end(context, round_idx, updates)
+        for fresh in context.all_gather_objects(self._fresh):
+            self.previous.update(fresh)
+        self._fresh = {}
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"previous": {k: v.clone() for k, v in self.previous.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.previous = {int(k): v.clone() for k, v in state.get("previous", {}).items()}

@@ -1,0 +1,37 @@
+import torch
+
+from fedlight.callbacks.backbone_feature_cache import BackboneFeatureCache
+from fedlight.clients.unsupervised import UnsupervisedSegmentationClient
+from fedlight.data import FederatedDataModule
+from fedlight.data.street_scenes import StreetScenes
+from fedlight.strategies import FedAvg
+from fedlight.trainer import FederatedTrainer
+
+
+def test_a_federated_round_trains_from_the_cache_and_sums_only_head_centroids_and_probe(tmp_path):
+    data = FederatedDataModule(
+        StreetScenes(num_classes=12, num_cities=3, images_per_city=8, num_test_samples=4, image_size=16),
+        batch_size=4,
+        test_fraction=0.0,
+        return_index=True,
+    )
+    torch.manual_seed(0)
+    model = UnsupervisedSegmentationClient(
+        num_classes=12, input_shape=(3, 16, 16), backbone="vit_tiny_patch8", backbone_kwargs={"embed_dim": 16},
+        dim=4, feature_samples=2, num_negatives=2,
+    )  # fmt: skip
+    backbone_before = {k: v.clone() for k, v in model.backbone.state_dict().items()}
+    cache = BackboneFeatureCache(k=4)
+    trainer = FederatedTrainer(
+        rounds=1, clients_per_round=3, local_steps=2, default_root_dir=tmp_path, logger="csv",
+        enable_progress_bar=False, callbacks=[cache],
+    )  # fmt: skip
+    metrics = trainer.fit(model, data, FedAvg())
+    assert {"test/miou", "test/acc", "test/linear/miou", "test/linear/acc"} <= set(metrics)
+    assert metrics["features/cache_mib"] * 2**20 == 24 * 16 * 2 * 2 * 2  # 24 images × [16, 2, 2] fp16
+    assert model.feature_cache is cache.cache
+    assert (trainer.run_dir / "features").is_dir()
+    federated = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("backbone"))
+    assert trainer.layout.numel == federated
+    assert trainer.aggregation_nbytes == federated * (4 + 8) + 8  # W^t in fp32, its fp64 sum, one fp64 weight total
+    assert all(torch.equal(v, model.backbone.state_dict()[k]) for k, v in backbone_before.items())
