@@ -121,7 +121,9 @@ class Scenes(FederatedDataset):
         return self._draw(self.num_test_samples, _TEST_STREAM) if self.num_test_samples else None
 
     def _draw(self, num_images: int, stream: int) -> LabelledTensors:
-        generator = torch.Generator().manual_seed(int(np.random.SeedSequence(self.seed, spawn_key=(stream,)).entropy))
+        # generate_state, not .entropy: the entropy is the root seed alone, so every stream would be the same
+        sequence = np.random.SeedSequence(self.seed, spawn_key=(stream,))
+        generator = torch.Generator().manual_seed(int(sequence.generate_state(1, dtype=np.uint64)[0] >> 1))
         images, masks, classes = [], [], []
         for start in range(0, num_images, _CHUNK):
             count = min(_CHUNK, num_images - start)

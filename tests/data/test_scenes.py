@@ -125,3 +125,10 @@ def test_errors_name_the_flags() -> None:
     assert "num_object_classes in [1, 20], got 30" in str(info.value) and "image_size ≥ 8" in str(info.value)
     with pytest.raises(ConfigError, match="label_set=macro groups all 20"):
         Scenes(label_set="macro", num_object_classes=10)
+
+
+def test_the_test_set_is_drawn_apart_from_the_training_pool():
+    scenes = Scenes(num_samples=16, num_test_samples=16, image_size=32)
+    train, test = scenes.load_train(), scenes.load_test()
+    assert not torch.equal(train.inputs, test.inputs)
+    assert torch.equal(Scenes(num_samples=16, num_test_samples=16, image_size=32).load_test().inputs, test.inputs)
