@@ -3,5 +3,14 @@
 from fedlight.clients.base import FederatedClient, LocalFit, OptimizerCallable
 from fedlight.clients.classification import ClassificationClient
 from fedlight.clients.segmentation import SegmentationClient
+from fedlight.clients.self_training import SelfTrainingClient, SourcePretrainingClient
 
-__all__ = ["ClassificationClient", "FederatedClient", "LocalFit", "OptimizerCallable", "SegmentationClient"]
+__all__ = [
+    "ClassificationClient",
+    "FederatedClient",
+    "LocalFit",
+    "OptimizerCallable",
+    "SegmentationClient",
+    "SelfTrainingClient",
+    "SourcePretrainingClient",
+]

@@ -13,9 +13,11 @@ from fedlight.strategies.fedproto import FedProto
 from fedlight.strategies.fedprox import FedProx
 from fedlight.strategies.fedsl import FedSL
 from fedlight.strategies.fedsls import FedSLS
+from fedlight.strategies.ladd import LADD
 from fedlight.strategies.moon import MOON
 
 __all__ = [
+    "LADD",
     "MOON",
     "ClientPlan",
     "ClientUpdate",
