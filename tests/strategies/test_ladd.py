@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from fedlight import checkpoint as ckpt_io
-from fedlight.clients import SelfTrainingClient
+from fedlight.clients import SelfTrainingClient, SourcePretrainingClient
 from fedlight.data import FederatedDataModule
 from fedlight.data.fda import client_style, extract_style
+from fedlight.data.style_augment import StyleAugment
 from fedlight.data.style_cities import StyleCities
 from fedlight.errors import ConfigError
-from fedlight.strategies import LADD
+from fedlight.state import FlatState
+from fedlight.strategies import LADD, FedAvg
 from fedlight.strategies.clustering import select_style_clusters
 from fedlight.testing import Kill, KillAfterRound
 from fedlight.trainer import FederatedTrainer
@@ -197,3 +199,25 @@ def test_bad_options_name_their_flags():
     with pytest.raises(ConfigError, match="teacher_step") as error:
         LADD(teacher_step=0, swa_start=0, k_range=(5, 4))
     assert "swa_start" in str(error.value) and "k_range" in str(error.value)
+
+
+def test_source_pretraining_with_restyled_images_seeds_w0_and_the_kd_teacher(tmp_path):
+    source = FederatedDataModule(
+        StyleCities(domain="source", num_source_samples=8, num_test_per_city=1, image_size=SIZE, num_object_classes=2),
+        batch_size=4, test_fraction=0.0, drop_last=True,
+        train_transform=StyleAugment(str(tmp_path / "styles.pt"), target=StyleCities(**CITY_KW), size=(SIZE, SIZE)),
+    )  # fmt: skip
+    torch.manual_seed(1)
+    pretraining = SourcePretrainingClient(num_classes=3, input_shape=(3, SIZE, SIZE), model="mini_deeplab")
+    start = FlatState(pretraining).flatten(pretraining)
+    pretrainer = FederatedTrainer(
+        rounds=2, clients_per_round=1, local_epochs=1, logger="csv", enable_progress_bar=False,
+        default_root_dir=tmp_path, name="pretrain",
+    )  # fmt: skip
+    pretrainer.fit(pretraining, source, FedAvg())
+    assert (tmp_path / "styles.pt").is_file()  # the clients' style pool, written on first use
+    assert not torch.equal(pretrainer.global_state, start)
+    strategy = ladd(Recording)
+    fit(tmp_path, strategy, rounds=1, init_from=pretrainer.run_dir / "checkpoints" / "last.ckpt")
+    assert torch.equal(strategy.initial, pretrainer.global_state)
+    assert torch.equal(strategy.teachers.states["kd"], pretrainer.global_state)
