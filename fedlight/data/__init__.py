@@ -7,9 +7,12 @@ from fedlight.data.cinic10 import CINIC10
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.data.digits import Digits
 from fedlight.data.femnist import FEMNIST
+from fedlight.data.ladd_splits import GTA5, CityscapesFFREEDA, CrossCity, Mapillary
 from fedlight.data.mnist import MNIST
 from fedlight.data.npz import NpzDataset
 from fedlight.data.scenes import Scenes
+from fedlight.data.style_augment import StyleAugment
+from fedlight.data.style_cities import StyleCities
 from fedlight.data.synthetic import Synthetic
 from fedlight.data.tiny_imagenet import TinyImageNet
 from fedlight.data.voc import PascalVOC
@@ -19,15 +22,21 @@ __all__ = [
     "CIFAR100",
     "CINIC10",
     "FEMNIST",
+    "GTA5",
     "MNIST",
     "CelebA",
+    "CityscapesFFREEDA",
+    "CrossCity",
     "Digits",
     "FederatedDataModule",
     "FederatedDataset",
     "LabelledTensors",
+    "Mapillary",
     "NpzDataset",
     "PascalVOC",
     "Scenes",
+    "StyleAugment",
+    "StyleCities",
     "Synthetic",
     "TinyImageNet",
 ]
