@@ -74,7 +74,8 @@ class StyleAugment(BatchTransform):
     """Restyles each source image with a style from the clients' pool, jitters its colours, then crops.
 
     Args:
-        style_file: the pool of client styles (see the module docstring); written from ``target`` if missing.
+        style_file: the pool of client styles (see the module docstring), written from ``target`` if missing;
+            null restyles nothing and keeps the colour jitter and crops (LADD's source-only pre-training).
         target: the target clients' dataset, used only to compute a missing ``style_file``.
         b: style window half-width (1: LADD's 3×3; Table 6: 0, 1, 2).
         size: ``(H, W)`` images are resized to for the FFT (LADD: 512×1024).
@@ -86,7 +87,7 @@ class StyleAugment(BatchTransform):
 
     def __init__(
         self,
-        style_file: str,
+        style_file: str | None,
         target: FederatedDataset | None = None,
         b: int | None = 1,
         size: tuple[int, int] = FDA_SIZE,
@@ -103,7 +104,7 @@ class StyleAugment(BatchTransform):
             problems.append(f"Expected {flag}.std > 0 per channel, got {list(std)}.")
         if problems:
             raise ConfigError(*problems)
-        self.style_file = Path(style_file)
+        self.style_file = None if style_file is None else Path(style_file)
         self.target = target
         self.b = window_half_width(tuple(size), b)
         self.size = (int(size[0]), int(size[1]))
@@ -148,8 +149,9 @@ class StyleAugment(BatchTransform):
         """``[B, 3, H, W]`` normalised source images and ``[B, H, W]`` labels → restyled, jittered, cropped."""
         mean, std = self.mean.to(x), self.std.to(x)
         raw = (x * std + mean).clamp(0.0, 1.0)  # [B, 3, H, W] RGB in [0, 1]
-        chosen = torch.randint(len(self.styles), (len(x),), generator=generator)  # one client style per image
-        raw = apply_style(raw, self.styles[chosen], self.b, self.size)
+        if self.style_file is not None:
+            chosen = torch.randint(len(self.styles), (len(x),), generator=generator)  # one client style per image
+            raw = apply_style(raw, self.styles[chosen], self.b, self.size)
         raw = self._jitter(raw, generator)
         x = (raw - mean) / std
         if self.geometry is not None:

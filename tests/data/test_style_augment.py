@@ -51,3 +51,13 @@ def test_colour_jitter_factors_stay_within_their_range(tmp_path):
     assert values.min() >= 0.2 - 1e-6 and values.max() <= 0.6 + 1e-6
     assert values.std() > 0.05  # factors do differ between images
     assert np.allclose(augment._jitter(grey, torch.Generator().manual_seed(1)).std(dim=(1, 2, 3)), 0, atol=1e-6)
+
+
+def test_without_a_style_file_only_colours_and_crops_change():
+    from fedlight.data.transforms import RandomScaleCropFlip
+
+    augment = StyleAugment(None, color_jitter=(0, 0, 0), geometry=RandomScaleCropFlip(scale=(1, 1), flip=False))
+    x, y = torch.rand(2, 3, SIZE, SIZE) * 2 - 1, torch.randint(3, (2, SIZE, SIZE))
+    out, labels = augment(x, y, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(out, x, atol=1e-5, rtol=0)
+    assert torch.equal(labels, y)
