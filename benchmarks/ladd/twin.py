@@ -98,9 +98,14 @@ def main() -> None:
     if args.out.exists():
         raise SystemExit(f"{args.out} exists; remove it or pass --out elsewhere, so every row is version_0")
     results = []
-    for row in args.rows:
+    for row in args.rows:  # the tables are rewritten after every row, so a cut-short run keeps what it measured
         results.append(run_row(row, args.out))
         print(json.dumps(results[-1]))
+        write_tables(results)
+
+
+def write_tables(results: list[dict[str, object]]) -> None:
+    """Writes ``results/twin.md`` (one line per row) and ``results/twin.json``."""
     lines = ["| row | rounds | test mIoU (global) | test mIoU (routed) | k | cluster acc. | time (s) |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in results:
@@ -112,7 +117,6 @@ def main() -> None:
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "twin.md").write_text("\n".join(lines) + "\n")
     (results_dir / "twin.json").write_text(json.dumps(results, indent=1))
-    print("\n".join(lines))
 
 
 if __name__ == "__main__":
