@@ -3,6 +3,7 @@
 from fedlight.clients.base import FederatedClient, LocalFit, OptimizerCallable
 from fedlight.clients.classification import ClassificationClient
 from fedlight.clients.segmentation import SegmentationClient
+from fedlight.clients.self_training import SelfTrainingClient, SourcePretrainingClient
 from fedlight.clients.unsupervised import UnsupervisedSegmentationClient
 
 __all__ = [
@@ -11,5 +12,7 @@ __all__ = [
     "LocalFit",
     "OptimizerCallable",
     "SegmentationClient",
+    "SelfTrainingClient",
+    "SourcePretrainingClient",
     "UnsupervisedSegmentationClient",
 ]

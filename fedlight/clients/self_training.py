@@ -14,18 +14,32 @@ A LADD client has no labels. Its loss is L = L_pseudo + λ_KD·L_KD:
 LADD's code pre-trains the server's model on the labelled source domain with
 :func:`hard_negative_mining_ce`, the mean of the hardest 25 % of pixel losses of each image.
 
-Functions only, so that the client module and the strategy that owns the teachers can share them.
+The functions are shared by the client modules below and by the strategy that owns the teachers
+(:class:`fedlight.strategies.ladd.LADD`):
+
+- :class:`SelfTrainingClient`, a target client: L = L_pseudo + λ_KD·L_KD with the teachers the strategy
+  hands it (``self.teachers["pseudo"]``, the cluster teacher g_c; ``self.teachers["kd"]``, the pre-trained
+  model). It never reads its labels while training; they only score it. Without a pseudo-label teacher
+  (LADD's round 0, before any cluster model exists) the student labels its own online prediction.
+- :class:`SourcePretrainingClient`, the server's labelled pre-training on the source domain: cross-entropy
+  with hard-negative mining, SGD with polynomial decay (LADD, Sec. 4.1 and supplementary S3).
+
+Both wrap the same registered network under the same attribute, so the pre-training run's checkpoint seeds
+the federated run (``--trainer.init_from``) key for key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 
+from fedlight.clients.base import OptimizerCallable
+from fedlight.clients.segmentation import SegmentationClient
 from fedlight.data.labels import IGNORE_INDEX
+from fedlight.errors import ConfigError
 
 State = TypeVar("State", torch.Tensor, Mapping[str, torch.Tensor])
 
@@ -211,3 +225,138 @@ def swa_update(average: State, new: State, n: int) -> State:
     if n == 0 or not average.is_floating_point():
         return new.detach().clone()
     return torch.lerp(average, new.to(average.dtype), 1.0 / (n + 1))  # a = 1/(n+1)
+
+
+def _ladd_target_sgd(params) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=1e-2, momentum=0.9)  # CrossCity's lr_fed; constant, re-created every round
+
+
+def _ladd_source_sgd(params) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=5e-3, momentum=0.9)  # pre-training, decayed polynomially
+
+
+class SelfTrainingClient(SegmentationClient):
+    """A target client of FFREEDA: self-training on pseudo-labels plus distillation (LADD, Sec. 4.3).
+
+    Each step computes, on an unlabelled batch x (its labels are never read),
+
+        L = L_pseudo(f(x), g_c(x)) + λ_KD · L_KD(f(x), f_0(x))
+
+    with g_c = ``self.teachers["pseudo"]`` (the student itself, detached, when the strategy gives none) and
+    f_0 = ``self.teachers["kd"]`` (no KD term when absent or λ_KD = 0). Teachers run in eval mode without
+    gradients. Evaluation is :class:`SegmentationClient`'s (mIoU from one confusion matrix).
+
+    Args:
+        num_classes: number of classes Q; filled in from ``--data`` by the command line.
+        input_shape: shape of one input; filled in from ``--data``.
+        model: a registered segmentation model; LADD's is ``deeplabv3_mobilenetv2``.
+        model_kwargs: its extra arguments (``encoder_weights``: a local ImageNet file, or null).
+        optimizer: local optimizer, re-created every round. Default: SGD with lr 0.01 (CrossCity) and momentum
+            0.9, LADD's, at a constant rate.
+        lambda_kd: λ_KD, the weight of the distillation term (CrossCity 20, Cityscapes and Mapillary 10).
+        conf_th: confidence above which a teacher's label is always kept (0.9).
+        fraction: share of each class's most confident pixels kept per image (0.66).
+        temperature: T of the KD teacher's soft targets (2).
+        kd_mask: restrict L_KD to the pixels whose KD-teacher label survives the pseudo-label rule, as LADD's
+            code does; false distils every pixel.
+        poly_power: power of a polynomial learning-rate decay over the run; 0 (LADD) keeps it constant.
+        ignore_index: label of void pixels in the evaluation masks.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        input_shape: tuple[int, ...],
+        model: str = "deeplabv3_mobilenetv2",
+        model_kwargs: dict[str, Any] | None = None,
+        optimizer: OptimizerCallable = _ladd_target_sgd,
+        lambda_kd: float = 20.0,
+        conf_th: float = 0.9,
+        fraction: float = 0.66,
+        temperature: float = 2.0,
+        kd_mask: bool = True,
+        poly_power: float = 0.0,
+        ignore_index: int = IGNORE_INDEX,
+    ) -> None:
+        flag = "--model.init_args"
+        problems = []
+        if lambda_kd < 0:
+            problems.append(f"Expected {flag}.lambda_kd ≥ 0 (0: no distillation), got {lambda_kd}.")
+        if not 0.0 <= fraction <= 1.0:
+            problems.append(f"Expected {flag}.fraction in [0, 1], got {fraction}.")
+        if temperature <= 0:
+            problems.append(f"Expected {flag}.temperature > 0, got {temperature}.")
+        if problems:
+            raise ConfigError(*problems)
+        super().__init__(num_classes, input_shape, model, model_kwargs, optimizer, poly_power, ignore_index)
+        self.lambda_kd = lambda_kd
+        self.conf_th = conf_th
+        self.fraction = fraction
+        self.temperature = temperature
+        self.kd_mask = kd_mask
+
+    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> dict[str, torch.Tensor]:
+        x = batch[0]  # batch[1], the labels, stays unread: FFREEDA's clients have none
+        logits = self.net(x)  # [B, Q, H, W]
+        pseudo_teacher = self.teachers.get("pseudo")
+        teacher_logits = None
+        if pseudo_teacher is not None:
+            with torch.no_grad():
+                teacher_logits = pseudo_teacher(x)  # g_c(x), [B, Q, H, W]
+        loss_pseudo = self_training_loss(logits, teacher_logits, self.conf_th, self.fraction, self.ignore_index)
+        loss = loss_pseudo
+        outputs = {"loss_pseudo": loss_pseudo.detach()}
+        kd_teacher = self.teachers.get("kd")
+        if kd_teacher is not None and self.lambda_kd > 0:
+            with torch.no_grad():
+                kd_logits = kd_teacher(x)  # f_0(x), [B, Q, H, W]
+            mask = None
+            if self.kd_mask:
+                labels = pseudo_label_mask(_at_least_fp32(kd_logits).softmax(dim=1), self.conf_th, self.fraction)
+                mask = labels != self.ignore_index  # [B, H, W]
+            loss_kd = kd_loss(logits, kd_logits, mask, self.temperature)
+            loss = loss + self.lambda_kd * loss_kd
+            outputs["loss_kd"] = loss_kd.detach()
+        return {"loss": loss, "logits": logits, **outputs}
+
+
+class SourcePretrainingClient(SegmentationClient):
+    """LADD's server-side pre-training on the labelled source domain (Sec. 4.1, supplementary S3).
+
+    Cross-entropy with hard-negative mining (:func:`hard_negative_mining_ce`: each image's hardest 25 % of
+    pixel losses) and SGD with lr 5e-3, momentum 0.9 and polynomial decay (power 0.9) over the run. Run it
+    centralized (``--data.centralized=true``, one round per epoch) on the source images restyled by
+    :class:`fedlight.data.style_augment.StyleAugment`; its checkpoint is the federated run's W^0
+    (``--trainer.init_from``).
+
+    Args:
+        num_classes: number of classes Q; filled in from ``--data``.
+        input_shape: shape of one input; filled in from ``--data``.
+        model: a registered segmentation model, the same as the federated run's.
+        model_kwargs: its extra arguments.
+        optimizer: the optimizer (default SGD, lr 5e-3, momentum 0.9).
+        hnm_ratio: share of each image's pixel losses averaged (0.25); 1 is the plain mean over pixels.
+        poly_power: power of the polynomial decay over the run (0.9).
+        ignore_index: label of void pixels.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        input_shape: tuple[int, ...],
+        model: str = "deeplabv3_mobilenetv2",
+        model_kwargs: dict[str, Any] | None = None,
+        optimizer: OptimizerCallable = _ladd_source_sgd,
+        hnm_ratio: float = 0.25,
+        poly_power: float = 0.9,
+        ignore_index: int = IGNORE_INDEX,
+    ) -> None:
+        if not 0.0 < hnm_ratio <= 1.0:
+            raise ConfigError(f"Expected --model.init_args.hnm_ratio in (0, 1], got {hnm_ratio}.")
+        super().__init__(num_classes, input_shape, model, model_kwargs, optimizer, poly_power, ignore_index)
+        self.hnm_ratio = hnm_ratio
+
+    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> dict[str, torch.Tensor]:
+        x, y = batch[0], batch[1]
+        logits = self.net(x)  # [B, Q, H, W]
+        return {"loss": hard_negative_mining_ce(logits, y, self.hnm_ratio, self.ignore_index), "logits": logits}

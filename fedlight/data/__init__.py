@@ -9,10 +9,13 @@ from fedlight.data.cocostuff import CocoStuff27
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.data.digits import Digits
 from fedlight.data.femnist import FEMNIST
+from fedlight.data.ladd_splits import GTA5, CityscapesFFREEDA, CrossCity, Mapillary
 from fedlight.data.mnist import MNIST
 from fedlight.data.npz import NpzDataset
 from fedlight.data.scenes import Scenes
 from fedlight.data.street_scenes import StreetScenes
+from fedlight.data.style_augment import StyleAugment
+from fedlight.data.style_cities import StyleCities
 from fedlight.data.synthetic import Synthetic
 from fedlight.data.tiny_imagenet import TinyImageNet
 from fedlight.data.voc import PascalVOC
@@ -22,18 +25,24 @@ __all__ = [
     "CIFAR100",
     "CINIC10",
     "FEMNIST",
+    "GTA5",
     "MNIST",
     "CelebA",
+    "CityscapesFFREEDA",
     "CityscapesFUSS",
     "CocoStuff27",
+    "CrossCity",
     "Digits",
     "FederatedDataModule",
     "FederatedDataset",
     "LabelledTensors",
+    "Mapillary",
     "NpzDataset",
     "PascalVOC",
     "Scenes",
     "StreetScenes",
+    "StyleAugment",
+    "StyleCities",
     "Synthetic",
     "TinyImageNet",
 ]

@@ -174,12 +174,13 @@ def apply_style(
     assert style.shape[-1] == 3 * side * side and style.ndim in (1, 2), (
         f"a style for b={half} has {3 * side * side} numbers, got shape {tuple(style.shape)}"
     )
-    spectrum = torch.fft.fft2(_to_bgr255(images, size))  # [B, 3, h, w] complex128
-    amplitude = torch.fft.fftshift(spectrum.abs(), dim=(-2, -1))
+    spectrum = torch.fft.fftshift(torch.fft.fft2(_to_bgr255(images, size)), dim=(-2, -1))  # [B, 3, h, w] complex128
     rows, cols = _window(*size, half)
-    amplitude[..., rows, cols] = style.reshape(-1, 3, side, side)  # broadcasts one style over the batch
-    restyled = torch.polar(torch.fft.ifftshift(amplitude, dim=(-2, -1)), spectrum.angle())  # the source phase
-    bgr = torch.fft.ifft2(restyled).real.round().clamp(0.0, 255.0)  # [B, 3, h, w] as an 8-bit image
+    window = spectrum[..., rows, cols]  # [B, 3, 2b+1, 2b+1]
+    # only the window's amplitude changes, so only its entries are rebuilt from (style, source phase)
+    amplitude = style.reshape(-1, 3, side, side).expand(window.shape)  # one style may serve the whole batch
+    spectrum[..., rows, cols] = torch.polar(amplitude.contiguous(), window.angle())
+    bgr = torch.fft.ifft2(torch.fft.ifftshift(spectrum, dim=(-2, -1))).real.round().clamp(0.0, 255.0)  # 8-bit
     rgb = bgr.flip(1)
     out_size = list(images.shape[-2:])
     interpolation = TF.InterpolationMode.BICUBIC

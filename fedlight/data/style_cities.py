@@ -11,7 +11,8 @@ four target cities that look different: weather, light, camera. This twin keeps 
 - **clients** are many and small, like CrossCity's 17–37 images each (LADD, Table 1); every client of a
   city draws its own slight variation of the city's appearance, as cars of one city see different days.
 
-``domain="source"`` gives the labelled source pool (no natural clients) and ``domain="target"`` the
+``domain="source"`` gives the labelled source pool (one natural client, ``"source"``, for a centralized
+pre-training run) and ``domain="target"`` the
 cities' clients, their ids in ``groups`` (``"warm7"``: city and number, like CrossCity's ``"Rome7"``),
 for the :class:`~fedlight.data.partition.Natural` partitioner. Both share one global test set drawn from
 the four cities, so a source-only model is scored where the federation is. The target labels exist so
@@ -174,10 +175,12 @@ class StyleCities(FederatedDataset):
         self.input_shape = (3, image_size, image_size)
 
     def load_train(self) -> LabelledTensors:
-        """Draws the source pool, or the cities' clients with their ids in ``groups``."""
+        """Draws the source pool (one client, ``"source"``), or the cities' clients with their ids in ``groups``."""
         if self.domain == "source":
             generator = self._generator(_SOURCE_STREAM)
-            return self._finish(*self._scenes(self.num_source_samples, generator, SOURCE))
+            images, masks, classes = self._scenes(self.num_source_samples, generator, SOURCE)
+            # one natural client, so the Natural partitioner gives the centralized pre-training run its data
+            return self._finish(images, masks, classes, groups=np.full(len(images), "source"))
         generator = self._generator(_TARGET_STREAM)
         parts, ids = [], []
         for city, look in CITIES.items():
@@ -199,7 +202,8 @@ class StyleCities(FederatedDataset):
         return self._finish(images, masks, classes, groups=cities)
 
     def _generator(self, stream: int) -> torch.Generator:
-        return torch.Generator().manual_seed(int(np.random.SeedSequence(self.seed, spawn_key=(stream,)).entropy))
+        sequence = np.random.SeedSequence(self.seed, spawn_key=(stream,))  # generate_state: .entropy ignores the key
+        return torch.Generator().manual_seed(int(sequence.generate_state(1, dtype=np.uint64)[0] >> 1))
 
     def _client_look(self, look: Appearance, generator: torch.Generator) -> Appearance:
         """The city's appearance with this client's own cast and gamma."""

@@ -13,6 +13,7 @@ from fedlight.models.celeba_cnn import CelebACNN
 from fedlight.models.cnn import CNN
 from fedlight.models.deeplab import DeepLabV3Plus
 from fedlight.models.deeplabv3_mobilenet import DeepLabV3MobileNetV2
+from fedlight.models.mini_deeplab import MiniDeepLab
 from fedlight.models.mlp import MLP
 from fedlight.models.registry import create_model, list_models, register_model
 from fedlight.models.resnet import ResNet
@@ -23,6 +24,7 @@ __all__ = [
     "CelebACNN",
     "DeepLabV3MobileNetV2",
     "DeepLabV3Plus",
+    "MiniDeepLab",
     "ResNet",
     "create_model",
     "list_models",

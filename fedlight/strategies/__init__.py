@@ -18,11 +18,13 @@ from fedlight.strategies.fedproto import FedProto
 from fedlight.strategies.fedprox import FedProx
 from fedlight.strategies.fedsl import FedSL
 from fedlight.strategies.fedsls import FedSLS
+from fedlight.strategies.ladd import LADD
 from fedlight.strategies.moon import MOON
 from fedlight.strategies.robust import RobustAggregation
 from fedlight.strategies.wrapper import RuleWrapper
 
 __all__ = [
+    "LADD",
     "MOON",
     "Attack",
     "ClientPlan",

@@ -146,3 +146,61 @@ def test_swa_after_n_updates_is_the_arithmetic_mean_of_the_states():
 def test_swa_first_update_overwrites_exactly():
     new = torch.tensor([0.1, 1e-8, 3.3])
     assert torch.equal(swa_update(torch.tensor([1e8, -5.0, 0.0]), new, 0), new)
+
+
+# -- the client modules ----------------------------------------------------------------------------------
+def _client(**kwargs):
+    from fedlight.clients import SelfTrainingClient
+
+    torch.manual_seed(0)
+    return SelfTrainingClient(num_classes=3, input_shape=(3, 16, 16), model="mini_deeplab", **kwargs)
+
+
+def _frozen_copy(module, seed):
+    import copy
+
+    teacher = copy.deepcopy(module)
+    torch.manual_seed(seed)
+    for p in teacher.parameters():
+        p.data.add_(0.5 * torch.randn_like(p))
+    return teacher.requires_grad_(False).eval()
+
+
+def test_self_training_client_loss_is_pseudo_plus_lambda_kd_and_never_reads_labels():
+    client = _client(lambda_kd=7.0)
+    pseudo, kd = _frozen_copy(client, 1), _frozen_copy(client, 2)
+    client.teachers = {"pseudo": pseudo, "kd": kd}
+    x = torch.randn(2, 3, 16, 16)
+    labels = torch.randint(3, (2, 16, 16))
+    outputs = client.training_step((x, labels), 0)
+    garbage = client.training_step((x, torch.full_like(labels, 255)), 0)
+    with torch.no_grad():
+        student, g_c, f_0 = client.net(x), pseudo(x), kd(x)
+        mask = pseudo_label_mask(f_0.softmax(1)) != 255
+        expected = self_training_loss(student, g_c) + 7.0 * kd_loss(student, f_0, mask, temperature=2.0)
+    assert outputs["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
+    assert garbage["loss"].item() == outputs["loss"].item()
+    assert 0 < mask.float().mean() < 1  # the KD mask is neither empty nor everything
+
+
+def test_self_training_client_without_teachers_labels_its_own_predictions():
+    client = _client(lambda_kd=7.0)
+    x = torch.randn(2, 3, 16, 16)
+    outputs = client.training_step((x, None), 0)
+    with torch.no_grad():
+        logits = client.net(x)
+    assert outputs["loss"].item() == pytest.approx(self_training_loss(logits, logits).item(), rel=1e-6)
+    assert "loss_kd" not in outputs
+
+
+def test_source_pretraining_client_uses_hard_negative_mining():
+    from fedlight.clients import SourcePretrainingClient
+
+    torch.manual_seed(0)
+    client = SourcePretrainingClient(num_classes=3, input_shape=(3, 16, 16), model="mini_deeplab", hnm_ratio=0.5)
+    x, y = torch.randn(2, 3, 16, 16), torch.randint(3, (2, 16, 16))
+    with torch.no_grad():
+        expected = hard_negative_mining_ce(client.net(x), y, ratio=0.5)
+    assert client.training_step((x, y), 0)["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
+    lrs = [group["lr"] for group in client.configure_optimizers().param_groups]
+    assert lrs == [5e-3]

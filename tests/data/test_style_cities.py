@@ -43,11 +43,11 @@ def test_client_styles_cluster_by_city_and_test_images_route_to_their_city(citie
     assert (majority[routed] == test.groups).mean() > 0.7  # one image's style is noisier than a client's mean
 
 
-def test_source_is_a_labelled_pool_without_clients_and_shares_the_test_set():
+def test_source_is_one_labelled_client_and_shares_the_test_set():
     source = StyleCities(domain="source", num_source_samples=60, num_test_per_city=3, image_size=SIZE, seed=2)
     target = StyleCities(domain="target", num_clients_per_city=1, num_test_per_city=3, image_size=SIZE, seed=2)
     pool = source.load_train()
-    assert len(pool) == 60 and pool.groups is None and source.num_classes == 6
+    assert len(pool) == 60 and set(pool.groups) == {"source"} and source.num_classes == 6
     assert pool.inputs.min() >= -1 and pool.inputs.max() <= 1  # normalised with mean = std = 0.5
     test = source.load_test()
     assert torch.equal(test.inputs, target.load_test().inputs)

@@ -10,11 +10,12 @@ SHAPES = {
     "celeba_cnn": (3, 84, 84),
     "deeplabv3plus": (3, 32, 32),
     "deeplabv3_mobilenetv2": (3, 64, 64),
+    "mini_deeplab": (3, 32, 64),
     "resnet18": (3, 32, 32),
     "resnet50": (3, 32, 32),
 }
 #: Dense models and their feature strides: features [B, D, H/s, W/s] and per-pixel logits [B, C, H, W].
-DENSE = {"deeplabv3plus": 4, "deeplabv3_mobilenetv2": 32}
+DENSE = {"deeplabv3plus": 4, "deeplabv3_mobilenetv2": 32, "mini_deeplab": 8}
 
 
 @pytest.mark.parametrize("name", list_models())

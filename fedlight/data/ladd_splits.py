@@ -1,0 +1,279 @@
+"""The datasets of LADD's experiments, read through LADD's split files (Shenaj et al., WACV 2023, Sec. 5.1).
+
+LADD ships its federated splits as JSON files in LEAF's layout (``{"users": [...], "num_samples": [...],
+"user_data": {user: {"x": [image paths], "y": [label paths]}}}``) and GTA5's as text lines
+``/images/00001.png /labels/00001.png``. Point ``root`` at a folder laid out like LADD's ``data/`` folder:
+its ``<dataset>/splits/`` copied from LADD's repository and the images extracted under ``<dataset>/data/``:
+
+- :class:`GTA5` (the source): ``gta5/data/images/``, ``gta5/data/labels/``; ``gta5/splits/train.txt``;
+- :class:`CityscapesFFREEDA`: ``cityscapes/data/leftImg8bit/``, ``cityscapes/data/gtFine/``;
+  ``cityscapes/splits/heterogeneous/{train,test}/*.json``;
+- :class:`CrossCity`: images and labels under ``crosscity/data/cities/``;
+  ``crosscity/splits/by_city_cpc0_ms27_me10/{train,test}/*.json``;
+- :class:`Mapillary`: ``mapillary/data/training/``, ``mapillary/data/validation/``;
+  ``mapillary/splits/clustering/{train,test}/*.json``.
+
+Clients are the split files' users (``Rio7``, ``aachen3``, ``EU12``): the datasets give them as natural ids, so
+the :class:`~fedlight.data.partition.Natural` partitioner reproduces LADD's partition (144 Cityscapes clients, 472
+CrossCity clients, 357 Mapillary clients). The test set is the file's single ``test_user``. Label PNGs hold
+Cityscapes label ids (Mapillary its own ids), mapped to train ids with LADD's tables (19 classes; 13 for
+CrossCity and for GTA5 pre-training towards it); other ids become void (255). CrossCity's training clients
+have no labels at all: their targets are void everywhere and only the test set is scored.
+
+Images are read lazily per batch, resized to one ``size`` (H, W) so that batches stack (bilinear for images,
+nearest for labels) and normalised with mean = std = 0.5 (LADD's, for every dataset; its code uses ImageNet
+statistics on Cityscapes, a quirk not kept). LADD tests Cityscapes at full resolution and Mapillary at width
+1024 with the aspect ratio kept; here every test image has the same ``test_size``, (1024, 2048) for Cityscapes.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from fedlight.data.base import FederatedDataset, LabelledTensors, LazySamples
+from fedlight.data.labels import IGNORE_INDEX
+from fedlight.errors import ConfigError
+
+#: Cityscapes label ids → the 19 train ids (``dataset/target/cityscapes.py`` of LADD).
+CITYSCAPES_19 = {7: 0, 8: 1, 11: 2, 12: 3, 13: 4, 17: 5, 19: 6, 20: 7, 21: 8, 22: 9, 23: 10, 24: 11, 25: 12,
+                 26: 13, 27: 14, 28: 15, 31: 16, 32: 17, 33: 18}  # fmt: skip
+#: Cityscapes label ids → CrossCity's 13 classes (road, sidewalk, building, traffic light, sign, vegetation, sky,
+#: person, rider, car, bus, motorcycle, bicycle).
+CROSSCITY_13 = {7: 0, 8: 1, 11: 2, 19: 3, 20: 4, 21: 5, 23: 6, 24: 7, 25: 8, 26: 9, 28: 10, 32: 11, 33: 12}
+#: Mapillary Vistas v1.2 ids → the 19 Cityscapes train ids.
+MAPILLARY_19 = {2: 1, 3: 4, 6: 3, 7: 1, 9: 1, 11: 1, 13: 0, 14: 0, 15: 1, 17: 2, 19: 11, 20: 12, 21: 12, 22: 12,
+                24: 0, 26: 9, 27: 10, 29: 9, 30: 8, 43: 0, 44: 5, 45: 5, 46: 5, 47: 5, 48: 6, 50: 7, 52: 18,
+                54: 15, 55: 13, 57: 17, 58: 16, 61: 14}  # fmt: skip
+_DOWNLOAD = {
+    "gta5": "GTA5 from https://download.visinf.tu-darmstadt.de/data/from_games/ (images/ and labels/)",
+    "cityscapes": "Cityscapes' leftImg8bit_trainvaltest.zip and gtFine_trainvaltest.zip "
+    "from https://www.cityscapes-dataset.com/",
+    "crosscity": "NTHU CrossCity (Chen et al., ICCV 2017; cities Rio, Rome, Taipei, Tokyo)",
+    "mapillary": "Mapillary Vistas v1.2 from https://www.mapillary.com/dataset/vistas (training/, validation/)",
+}
+
+
+def lookup_table(mapping: dict[int, int]) -> torch.Tensor:
+    """``[256]`` int64: label id → train id, void elsewhere.
+
+    >>> lookup_table({7: 0, 8: 1})[[0, 7, 8]].tolist()
+    [255, 0, 1]
+    """
+    table = torch.full((256,), IGNORE_INDEX, dtype=torch.int64)
+    for label_id, train_id in mapping.items():
+        table[label_id] = train_id
+    return table
+
+
+class SplitImages(LazySamples):
+    """RGB image files read per batch, resized to ``size`` and normalised with mean = std = 0.5."""
+
+    def __init__(self, paths: list[Path], size: tuple[int, int], num_workers: int = 4) -> None:
+        self.paths, self.size, self.num_workers = paths, tuple(size), num_workers
+        self.shape = (len(paths), 3, *self.size)
+
+    def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
+        def read(i: int) -> torch.Tensor:
+            with Image.open(self.paths[i]) as image:
+                pixels = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1)  # [3, h, w] uint8
+            if tuple(pixels.shape[-2:]) != self.size:
+                pixels = F.interpolate(pixels[None].float(), self.size, mode="bilinear", antialias=True)[0]
+            return (pixels.float() / 255.0 - 0.5) / 0.5
+
+        with ThreadPoolExecutor(max_workers=self.num_workers) as pool:
+            return torch.stack(list(pool.map(read, index.tolist())))  # [B, 3, H, W]
+
+
+class SplitMasks(LazySamples):
+    """Label files read per batch, mapped to train ids and resized (nearest) to ``size``; ``None`` paths are void."""
+
+    def __init__(self, paths: list[Path | None], size: tuple[int, int], lookup: torch.Tensor, num_workers: int = 4):
+        self.paths, self.size, self.lookup, self.num_workers = paths, tuple(size), lookup, num_workers
+        self.shape = (len(paths), *self.size)
+
+    def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
+        def read(i: int) -> torch.Tensor:
+            path = self.paths[i]
+            if path is None:
+                return torch.full(self.size, IGNORE_INDEX, dtype=torch.int64)
+            with Image.open(path) as mask:
+                labels = self.lookup[torch.from_numpy(np.array(mask).astype(np.int64))]  # [h, w]
+            if tuple(labels.shape) != self.size:
+                labels = F.interpolate(labels[None, None].float(), self.size, mode="nearest")[0, 0].long()
+            return labels
+
+        with ThreadPoolExecutor(max_workers=self.num_workers) as pool:
+            return torch.stack(list(pool.map(read, index.tolist())))  # [B, H, W]
+
+
+class _SplitDataset(FederatedDataset):
+    """Reads LADD's split files and checks that every file they name exists, reporting all problems at once."""
+
+    name: str  # folder under root
+    images_dir: str  # under root/<name>/data
+    labels_dir: str
+    mapping: dict[int, int]
+
+    def __init__(self, root: str, size: tuple[int, int], test_size: tuple[int, int] | None, num_workers: int) -> None:
+        self.root = Path(root).expanduser()
+        self.size = (int(size[0]), int(size[1]))
+        self.test_size = self.size if test_size is None else (int(test_size[0]), int(test_size[1]))
+        self.num_workers = num_workers
+        self.num_classes = len(set(self.mapping.values()))
+        self.input_shape = (3, *self.size)
+
+    @property
+    def folder(self) -> Path:
+        return self.root / self.name
+
+    def _require(self, paths: list[Path]) -> None:
+        missing = [p for p in paths if not p.exists()]
+        if not self.folder.is_dir() or missing:
+            shown = ", ".join(str(p) for p in missing[:5]) + (f" and {len(missing) - 5} more" if missing[5:] else "")
+            what = f"{len(missing)} files missing: {shown}." if self.folder.is_dir() else f"no folder {self.folder}."
+            raise ConfigError(
+                f"{type(self).__name__} is incomplete under --data.dataset.init_args.root={self.root}: {what}",
+                f"Download {_DOWNLOAD[self.name]}, extract it under {self.folder / 'data'} and copy LADD's "
+                f"data/{self.name}/splits/ (github.com/Erosinho13/LADD) to {self.folder / 'splits'}.",
+            )
+
+    def _users(self, files: list[Path]) -> list[tuple[str, str, str | None]]:
+        """``(user, image path, label path or None)`` of every image listed in LEAF-style JSON files."""
+        self._require(files)
+        rows = []
+        for file in files:
+            users = json.loads(file.read_text(encoding="utf-8"))["user_data"]
+            for user, data in users.items():
+                labels = data.get("y") or [None] * len(data["x"])
+                rows += [(str(user), x, y) for x, y in zip(data["x"], labels, strict=True)]
+        return rows
+
+    def _pool(self, rows: list[tuple[str, str, str | None]], size: tuple[int, int], with_groups: bool):
+        images = [self.folder / "data" / self.images_dir / x.lstrip("/") for _, x, _ in rows]
+        labels = [None if y is None else self.folder / "data" / self.labels_dir / y.lstrip("/") for _, _, y in rows]
+        self._require(images + [p for p in labels if p is not None])
+        return LabelledTensors(
+            SplitImages(images, size, self.num_workers),
+            SplitMasks(labels, size, lookup_table(self.mapping), self.num_workers),
+            groups=np.array([user for user, _, _ in rows]) if with_groups else None,
+            labels=np.zeros(len(rows), dtype=np.int64),  # partitions follow the users, not classes
+        )
+
+    def _split_files(self, split: str) -> list[Path]:
+        folder = self.folder / "splits" / self.split_dir / split
+        files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+        return files or [folder / "*.json"]  # a missing folder is reported by _require
+
+    split_dir: str
+
+    def load_train(self) -> LabelledTensors:
+        return self._pool(self._users(self._split_files("train")), self.size, with_groups=True)
+
+    def load_test(self) -> LabelledTensors:
+        return self._pool(self._users(self._split_files("test")), self.test_size, with_groups=False)
+
+
+class CityscapesFFREEDA(_SplitDataset):
+    """Cityscapes as FedDrive's "heterogeneous" split: 144 clients of one city each, 10–45 images, 500 test images.
+
+    Args:
+        root: LADD's data folder (see the module docstring).
+        size: ``(H, W)`` of the training images (LADD crops 512×1024 after a random scale).
+        test_size: ``(H, W)`` of the test images; LADD tests at the full 1024×2048.
+        num_workers: threads that decode a batch.
+    """
+
+    name, images_dir, labels_dir, split_dir = "cityscapes", "leftImg8bit", "gtFine", "heterogeneous"
+    mapping = CITYSCAPES_19
+
+    def __init__(
+        self, root: str, size: tuple[int, int] = (512, 1024), test_size: tuple[int, int] | None = (1024, 2048),
+        num_workers: int = 4,
+    ) -> None:  # fmt: skip
+        super().__init__(root, size, test_size, num_workers)
+
+
+class CrossCity(_SplitDataset):
+    """NTHU CrossCity as LADD splits it: Rio, Rome, Taipei and Tokyo in 472 unlabelled clients, 400 test images.
+
+    Args:
+        root: LADD's data folder.
+        size: ``(H, W)`` images are resized to.
+        test_size: ``(H, W)`` of the test images (default: ``size``).
+        num_workers: threads that decode a batch.
+    """
+
+    name, images_dir, labels_dir, split_dir = "crosscity", "cities", "cities", "by_city_cpc0_ms27_me10"
+    mapping = CROSSCITY_13
+
+    def __init__(
+        self, root: str, size: tuple[int, int] = (512, 1024), test_size: tuple[int, int] | None = None,
+        num_workers: int = 4,
+    ) -> None:  # fmt: skip
+        super().__init__(root, size, test_size, num_workers)
+
+
+class Mapillary(_SplitDataset):
+    """Mapillary Vistas clustered by GPS per continent into 357 clients (30–100 images), 2,000 test images.
+
+    Args:
+        root: LADD's data folder.
+        size: ``(H, W)`` images are resized to.
+        test_size: ``(H, W)`` of the test images (default: ``size``).
+        num_workers: threads that decode a batch.
+    """
+
+    name, images_dir, labels_dir, split_dir, mapping = "mapillary", "", "", "clustering", MAPILLARY_19
+
+    def __init__(
+        self, root: str, size: tuple[int, int] = (512, 1024), test_size: tuple[int, int] | None = None,
+        num_workers: int = 4,
+    ) -> None:  # fmt: skip
+        super().__init__(root, size, test_size, num_workers)
+
+
+class GTA5(_SplitDataset):
+    """GTA5, LADD's labelled source: one natural client (``gta5``), so a Natural partition trains it centralized.
+
+    Args:
+        root: LADD's data folder.
+        target: the target dataset whose classes the labels are mapped to: ``cityscapes`` and ``mapillary``
+            (19 classes) or ``crosscity`` (13).
+        split: the split file, ``train`` or ``test``.
+        size: ``(H, W)`` images are resized to (GTA5's are 1052×1914; LADD crops 512×1024 after a random scale).
+        evaluate_on: a target dataset whose test set scores the pre-trained model ("source only").
+        num_workers: threads that decode a batch.
+    """
+
+    name, images_dir, labels_dir, split_dir = "gta5", "", "", ""
+
+    def __init__(
+        self,
+        root: str,
+        target: Literal["cityscapes", "crosscity", "mapillary"] = "cityscapes",
+        split: Literal["train", "test"] = "train",
+        size: tuple[int, int] = (512, 1024),
+        evaluate_on: FederatedDataset | None = None,
+        num_workers: int = 4,
+    ) -> None:
+        self.mapping = CROSSCITY_13 if target == "crosscity" else CITYSCAPES_19
+        super().__init__(root, size, None, num_workers)
+        self.split = split
+        self.evaluate_on = evaluate_on
+
+    def load_train(self) -> LabelledTensors:
+        listing = self.folder / "splits" / f"{self.split}.txt"
+        self._require([listing])
+        pairs = [line.split() for line in listing.read_text().splitlines() if line.strip()]
+        return self._pool([("gta5", x, y) for x, y in pairs], self.size, with_groups=True)
+
+    def load_test(self) -> LabelledTensors | None:
+        return None if self.evaluate_on is None else self.evaluate_on.load_test()

@@ -1,0 +1,131 @@
+"""LADD's split-file datasets on generated miniatures of their on-disk layouts."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fedlight.clients import SelfTrainingClient
+from fedlight.data import FederatedDataModule
+from fedlight.data.ladd_splits import GTA5, CityscapesFFREEDA, CrossCity, Mapillary
+from fedlight.errors import ConfigError
+from fedlight.strategies import LADD
+from fedlight.trainer import FederatedTrainer
+
+H, W = 16, 32
+
+
+def _image(path, seed, value=None):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    if value is None:
+        Image.fromarray(rng.integers(0, 256, (H, W, 3), dtype=np.uint8)).save(path)
+    else:  # a label map: left half `value[0]`, right half `value[1]`
+        labels = np.full((H, W), value[0], dtype=np.uint8)
+        labels[:, W // 2 :] = value[1]
+        Image.fromarray(labels).save(path)
+
+
+def _leaf(path, users):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"users": list(users), "num_samples": [len(u["x"]) for u in users.values()],
+                                "user_data": users}))  # fmt: skip
+
+
+def crosscity(root, sizes=(3, 2, 3, 4)):
+    base = root / "crosscity"
+    seed = 0
+    for city in ("Rio", "Rome"):
+        users = {}
+        for number in (1, 2):
+            xs = [f"{city}/Images/Train/{city}_{number}_{i}.jpg" for i in range(sizes[seed % 4])]
+            for x in xs:
+                seed += 1
+                _image(base / "data/cities" / x, seed)
+            users[f"{city}{number}"] = {"x": xs}
+        _leaf(base / "splits/by_city_cpc0_ms27_me10/train" / f"{city}.json", users)
+    test = {"x": [f"Rome/Images/Test/t{i}.png" for i in range(2)]}
+    test["y"] = [f"Rome/Labels/Test/t{i}_eval.png" for i in range(2)]
+    for i, (x, y) in enumerate(zip(test["x"], test["y"], strict=True)):
+        _image(base / "data/cities" / x, 100 + i)
+        _image(base / "data/cities" / y, 0, value=(7, 26 if i == 0 else 0))  # road | car, or road | void
+    _leaf(base / "splits/by_city_cpc0_ms27_me10/test/test_user.json", {"test_user": test})
+
+
+def test_crosscity_clients_are_the_split_files_users_unlabelled_and_the_test_set_is_mapped(tmp_path):
+    crosscity(tmp_path)
+    dataset = CrossCity(str(tmp_path), size=(H, W))
+    train, test = dataset.load_train(), dataset.load_test()
+    assert dataset.num_classes == 13 and dataset.input_shape == (3, H, W)
+    assert sorted(set(train.groups.tolist())) == ["Rio1", "Rio2", "Rome1", "Rome2"]
+    assert (train.targets[torch.arange(len(train))] == 255).all()  # FFREEDA's clients have no labels
+    x = train.inputs[torch.tensor([0])]
+    pixels = np.array(Image.open(tmp_path / "crosscity/data/cities/Rio/Images/Train/Rio_1_0.jpg").convert("RGB"))
+    torch.testing.assert_close(x[0], (torch.from_numpy(pixels).permute(2, 0, 1).float() / 255 - 0.5) / 0.5)
+    labels = test.targets[torch.tensor([0, 1])]
+    assert labels[0, 0, 0] == 0 and labels[0, 0, -1] == 9 and labels[1, 0, -1] == 255  # road, car, void
+    assert test.groups is None and len(test) == 2
+
+
+def test_a_federated_ladd_round_on_the_crosscity_miniature(tmp_path):
+    crosscity(tmp_path)
+    data = FederatedDataModule(CrossCity(str(tmp_path), size=(H, W), num_workers=1), batch_size=2, test_fraction=0.0,
+                               drop_last=True, eval_batch_size=2)  # fmt: skip
+    torch.manual_seed(0)
+    model = SelfTrainingClient(num_classes=13, input_shape=(3, H, W), model="mini_deeplab")
+    strategy = LADD(k_range=(2, 3), n_init=2, fda_size=(H, W), cluster_layers="classifier")
+    trainer = FederatedTrainer(rounds=2, clients_per_round=2, local_epochs=1, logger="csv", enable_progress_bar=False,
+                               default_root_dir=tmp_path / "runs")  # fmt: skip
+    metrics = trainer.fit(model, data, strategy)
+    assert data.num_clients == 4 and trainer.bank.num_clusters == 2
+    assert 0 <= metrics["test/routed/miou"] <= 1 and "test/miou" in metrics
+    assert metrics["round/clients_aggregated"] == 2
+
+
+def test_cityscapes_mapillary_and_gta5_layouts_map_their_label_ids(tmp_path):
+    city = tmp_path / "cityscapes"
+    users = {
+        f"jena{k}": {"x": [f"train/jena/jena_{k}_leftImg8bit.png"], "y": [f"train/jena/jena_{k}_gtFine_labelIds.png"]}
+        for k in range(2)
+    }
+    for k in range(2):
+        _image(city / "data/leftImg8bit" / users[f"jena{k}"]["x"][0], k)
+        _image(city / "data/gtFine" / users[f"jena{k}"]["y"][0], 0, value=(7, 33))
+    _leaf(city / "splits/heterogeneous/train/all_data_0.json", users)
+    _leaf(city / "splits/heterogeneous/test/all_data_0.json", {"test_user": users["jena0"]})
+    cityscapes = CityscapesFFREEDA(str(tmp_path), size=(H, W), test_size=(2 * H, 2 * W))
+    assert cityscapes.num_classes == 19 and cityscapes.load_train().groups.tolist() == ["jena0", "jena1"]
+    labels = cityscapes.load_test().targets[torch.tensor([0])]
+    assert labels.shape == (1, 2 * H, 2 * W) and labels[0, 0, 0] == 0 and labels[0, 0, -1] == 18  # road, bicycle
+
+    mapillary = tmp_path / "mapillary"
+    _image(mapillary / "data/training/images/a.jpg", 1)
+    _image(mapillary / "data/training/v1.2/labels/a.png", 0, value=(55, 3))  # Car → car 13, Fence → fence 4
+    _leaf(mapillary / "splits/clustering/train/EU.json",
+          {"EU0": {"x": ["training/images/a.jpg"], "y": ["training/v1.2/labels/a.png"]}})  # fmt: skip
+    masks = Mapillary(str(tmp_path), size=(H, W)).load_train().targets[torch.tensor([0])]
+    assert masks[0, 0, 0] == 13 and masks[0, 0, -1] == 4
+
+    gta = tmp_path / "gta5"
+    _image(gta / "data/images/00001.png", 2)
+    _image(gta / "data/labels/00001.png", 0, value=(26, 32))  # car, motorcycle
+    (gta / "splits").mkdir(parents=True)
+    (gta / "splits/train.txt").write_text("/images/00001.png /labels/00001.png\n")
+    to_crosscity = GTA5(str(tmp_path), target="crosscity", size=(H, W)).load_train()
+    assert to_crosscity.groups.tolist() == ["gta5"]
+    assert to_crosscity.targets[torch.tensor([0])][0, 0, [0, -1]].tolist() == [9, 11]  # CrossCity's car, motorcycle
+    source = GTA5(str(tmp_path), target="cityscapes", size=(H, W), evaluate_on=cityscapes)
+    assert source.num_classes == 19 and len(source.load_test()) == 1  # the target's one test image
+
+
+def test_a_missing_root_or_absent_images_give_one_error_that_says_what_to_do(tmp_path):
+    with pytest.raises(ConfigError, match=r"root=.*no folder .*crosscity[\s\S]*CrossCity[\s\S]*splits"):
+        CrossCity(str(tmp_path / "nowhere")).load_train()
+    crosscity(tmp_path)
+    for image in ("Rio_1_0.jpg", "Rio_1_1.jpg"):
+        (tmp_path / "crosscity/data/cities/Rio/Images/Train" / image).unlink()
+    with pytest.raises(ConfigError, match=r"2 files missing: .*Rio_1_0.jpg, .*Rio_1_1.jpg\.") as error:
+        CrossCity(str(tmp_path)).load_train()
+    assert len(error.value.problems) == 2  # what is missing, then where to get it

@@ -1,0 +1,95 @@
+"""LADD's configs: one file per row of the paper's Tables 2–7 (and the twin's), each a base file plus its changes."""
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedlight.cli import build_parser
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf/ladd"
+PARSER = build_parser()
+
+#: row → (clustering, cluster_layers, kd teacher and λ_KD > 0, SWA teacher) of the federated rows (Tables 3, 5, 7)
+FEDERATED = {
+    "ladd_all": (True, "all", True, True),
+    "ladd_cls": (True, "classifier", True, True),
+    "ladd_bn": (True, "bn", True, True),
+    "ladd_backbone": (True, "backbone", True, True),
+    "fda_st_kd_clu": (True, "all", True, False),
+    "fda_st_kd_swat": (False, "all", True, True),
+    "fda_st_kd": (False, "all", True, False),
+    "fedavg_st": (False, "all", False, False),
+    "st": (False, "all", False, False),
+}
+#: pre-training row → FDA window half-width b (None: no restyling), Tables 5 and 6
+PRETRAINING = {"source_only": None, "pretrain_fda": 1, "pretrain_fda_1x1": 0, "pretrain_fda_5x5": 2}
+ROWS = {
+    "crosscity": set(FEDERATED) | set(PRETRAINING),
+    "twin": set(FEDERATED) | set(PRETRAINING) | {"oracle_federated"},
+    "cityscapes": {"source_only", "pretrain_fda", "fedavg_st", "ladd_cls", "ladd_all", "oracle_federated",
+                   "oracle_centralized"},
+    "mapillary": {"source_only", "pretrain_fda", "fedavg_st", "ladd_cls", "ladd_all", "oracle_federated"},
+}  # fmt: skip
+
+
+@cache
+def resolved(path: Path) -> dict:
+    return yaml.safe_load(PARSER.dump(PARSER.parse_args(["fit", "--config", str(path)])))["fit"]
+
+
+@pytest.mark.parametrize("path", sorted(CONF.rglob("*.yaml")), ids=lambda p: str(p.relative_to(CONF)))
+def test_every_ladd_config_parses(path):
+    config = resolved(path)
+    assert config["model"]["class_path"].startswith("fedlight.clients.")
+
+
+@pytest.mark.parametrize("dataset", sorted(ROWS))
+def test_every_row_has_a_file(dataset):
+    rows = {p.stem for p in (CONF / dataset).glob("*.yaml")} - {"base", "pretrain_base"}
+    assert rows == ROWS[dataset]
+
+
+@pytest.mark.parametrize("dataset", ["crosscity", "twin"])
+@pytest.mark.parametrize("row", sorted(FEDERATED))
+def test_federated_rows_switch_exactly_their_components(dataset, row):
+    clustering, layers, kd, swa = FEDERATED[row]
+    config = resolved(CONF / dataset / f"{row}.yaml")
+    strategy, model = config["strategy"]["init_args"], config["model"]["init_args"]
+    assert config["strategy"]["class_path"] == "fedlight.strategies.LADD"
+    assert strategy["clustering"] is clustering and strategy["cluster_layers"] == layers
+    assert strategy["kd_teacher"] is kd and (model["lambda_kd"] > 0) is kd
+    assert (strategy.get("swa_start") is not None) is swa  # the dump leaves out null values
+    pretraining = "source_only" if row == "st" else "pretrain_fda"
+    assert config["trainer"]["init_from"] == f"runs/ladd/{dataset}/{pretraining}/version_0/checkpoints/last.ckpt"
+
+
+@pytest.mark.parametrize("dataset", ["crosscity", "twin"])
+@pytest.mark.parametrize("row", sorted(PRETRAINING))
+def test_pretraining_rows_set_the_fda_window(dataset, row):
+    b = PRETRAINING[row]
+    augment = resolved(CONF / dataset / f"{row}.yaml")["data"]["train_transform"]["init_args"]
+    assert augment.get("style_file") == (None if b is None else f"runs/ladd/{dataset}/styles_b{b}.pt")
+    if b is not None:
+        assert augment["b"] == b and augment["target"]["class_path"].startswith("fedlight.data.")
+
+
+@pytest.mark.parametrize(
+    ("dataset", "rounds", "per_round", "lr", "lambda_kd", "omega", "t_start"),
+    [  # T, clients per round, lr, λ_KD, ω, t_start (the paper, Sec. 5 and supplementary)
+        ("cityscapes", 300, 5, 5e-5, 10.0, 5, 200),
+        ("crosscity", 1000, 4, 1e-2, 20.0, 1, 400),
+        ("mapillary", 100, 6, 1e-2, 10.0, 5, 50),
+    ],
+)
+def test_the_papers_hyper_parameters_per_dataset(dataset, rounds, per_round, lr, lambda_kd, omega, t_start):
+    config = resolved(CONF / dataset / "ladd_all.yaml")
+    trainer, model, strategy = config["trainer"], config["model"]["init_args"], config["strategy"]["init_args"]
+    assert (trainer["rounds"], trainer["clients_per_round"], trainer["local_epochs"]) == (rounds, per_round, 1)
+    optimizer = model["optimizer"]["init_args"]
+    assert (optimizer["lr"], optimizer["momentum"], optimizer.get("weight_decay", 0)) == (lr, 0.9, 0)
+    assert (model["lambda_kd"], strategy["teacher_step"], strategy["swa_start"]) == (lambda_kd, omega, t_start)
+    assert config["data"]["batch_size"] == 16 and config["data"]["drop_last"] is True
+    assert strategy["clusters_file"].startswith(f"data/ladd/clusters_dir/{dataset}_b1_cluster_")
