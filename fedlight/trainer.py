@@ -196,11 +196,6 @@ class FederatedTrainer:
             )
         if isinstance(client_batching, int) and client_batching < 1:
             problems.append(f"Expected --trainer.client_batching ≥ 1, 'auto' or null, got {client_batching}.")
-        if init_from is not None and not Path(init_from).is_file():
-            problems.append(
-                f"--trainer.init_from {init_from} does not exist. Pass a checkpoint of an earlier run "
-                "(<run_dir>/checkpoints/last.ckpt) or a file holding a state_dict."
-            )
         if max_update_ratio is not None and not max_update_ratio > 0:
             problems.append(
                 f"Expected --trainer.max_update_ratio > 0 (or null to accept any update), got {max_update_ratio}."
@@ -463,6 +458,12 @@ class FederatedTrainer:
         evaluating: bool = False,
     ) -> None:
         fabric = self.fabric
+        if ckpt_path is None and self.init_from is not None and not self.init_from.is_file():
+            # checked here, not when the trainer is built: a stage's config is valid before its source run exists
+            raise ConfigError(
+                f"--trainer.init_from {self.init_from} does not exist. Pass a checkpoint of an earlier run "
+                "(<run_dir>/checkpoints/last.ckpt) or a file holding a state_dict; run the stage that writes it first."
+            )
         if not self._forked:  # forked processes were launched already
             fabric.launch()
         datamodule.setup()

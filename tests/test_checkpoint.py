@@ -87,8 +87,10 @@ def test_init_from_another_model_lists_the_keys(tmp_path):
 
 
 def test_a_missing_init_from_file_is_refused_before_anything_runs(tmp_path):
+    stage = trainer(tmp_path, "stage", init_from=tmp_path / "nowhere.ckpt")  # a config may name a future file
     with pytest.raises(ConfigError, match=r"--trainer.init_from .*nowhere.ckpt does not exist"):
-        FederatedTrainer(init_from=tmp_path / "nowhere.ckpt")
+        stage.fit(make_model(), make_data(), FedAvg())
+    assert not (tmp_path / "stage").exists()  # refused before a run folder was made
 
 
 def test_read_weights_refuses_a_file_without_tensors(tmp_path):
