@@ -26,8 +26,8 @@ SHOWN = ("train/loss", "test/acc", "test/miou", "test/loss", "clients/acc", "cli
 def format_metrics(metrics: dict[str, float], keys: Iterable[str] = SHOWN) -> str:
     """``key value`` pairs for the keys present and finite.
 
-    >>> format_metrics({"test/acc": 0.83125, "train/loss": 0.5, "round": 3.0})
-    'train/loss 0.5  test/acc 0.8312'
+    >>> format_metrics({"test/acc": 0.8125, "train/loss": 0.5, "round": 3.0})
+    'train/loss 0.5  test/acc 0.8125'
     """
     shown = [f"{key} {metrics[key]:.4g}" for key in keys if key in metrics and math.isfinite(metrics[key])]
     return "  ".join(shown)

@@ -49,7 +49,14 @@ def without(config: dict, *paths: str) -> dict:
     return config
 
 
-CHANGES = ("config", "strategy", "data.partitioner.init_args.alpha", "model.init_args.model_kwargs.projection_dim")
+# trainer.name: a run is named after its own first config file
+CHANGES = (
+    "config",
+    "strategy",
+    "data.partitioner.init_args.alpha",
+    "model.init_args.model_kwargs.projection_dim",
+    "trainer.name",
+)
 
 
 @pytest.mark.parametrize("dataset", DATASETS)
