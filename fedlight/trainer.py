@@ -736,13 +736,7 @@ class FederatedTrainer:
         make_optimizer = optimizer_factory(module.configure_optimizers())
         results = self._batching.run(starts, batches, make_optimizer)
         for plan, (loss_sum, steps, state) in zip(plans, results, strict=True):
-            update = ClientUpdate(
-                client=plan.client,
-                num_samples=int(self.datamodule.num_samples[plan.client]),
-                epochs=plan.epochs,
-                num_steps=steps,
-                train_loss=loss_sum.item() / max(steps, 1),
-            )
+            update = self._client_update(plan, loss_sum, steps)
             update.finite = math.isfinite(update.train_loss) and _all_finite(state)
             yield update, state
 
@@ -813,19 +807,23 @@ class FederatedTrainer:
             loss_sum, steps = self._train_steps(
                 module, optimizers, schedulers, self._local_batches(plan, generator), strategy.training_loss
             )
-            update = ClientUpdate(
-                client=plan.client,
-                num_samples=int(self.datamodule.num_samples[plan.client]),
-                epochs=plan.epochs,
-                num_steps=steps,
-                train_loss=loss_sum.item() / max(steps, 1),
-            )
+            update = self._client_update(plan, loss_sum, steps)
             strategy.on_client_fit_end(context, module, update)
         finally:
             module.teachers = {}
         state = self.layout.flatten(module)
         update.finite = math.isfinite(update.train_loss) and _all_finite(state)
         return update, state
+
+    def _client_update(self, plan: ClientPlan, loss_sum: torch.Tensor, steps: int) -> ClientUpdate:
+        """What a client sends back besides its state, from its task-loss sum over ``steps`` steps."""
+        return ClientUpdate(
+            client=plan.client,
+            num_samples=int(self.datamodule.num_samples[plan.client]),
+            epochs=plan.epochs,
+            num_steps=steps,
+            train_loss=loss_sum.item() / max(steps, 1),
+        )
 
     def _train_mode(self, module: FederatedClient) -> None:
         module.train()
