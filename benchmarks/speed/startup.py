@@ -165,6 +165,8 @@ def main() -> None:
     parser.add_argument("--config", default="conf/digits/fedavg.yaml", help="config of the first-round rows")
     parser.add_argument("--out", type=Path, default=HERE / "out", help="folder of startup.json")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
 
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
@@ -176,12 +178,16 @@ def main() -> None:
         for repeat in range(args.repeats):
             for row in table:
                 run_once(row, env, Path(work) / f"{repeat}")
+            text = report(table, (load_before, os.getloadavg()), repeat + 1)
+            save(args.out, table, text)  # after every repeat, so a run cut short keeps what it measured
             print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr, flush=True)
-    text = report(table, (load_before, os.getloadavg()), args.repeats)
     print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows_json = [{k: v for k, v in vars(r).items()} for r in table]
-    (args.out / "startup.json").write_text(json.dumps({"rows": rows_json, "report": text}, indent=1))
+
+
+def save(out: Path, table: list[Row], text: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    rows_json = [vars(r) for r in table]
+    (out / "startup.json").write_text(json.dumps({"rows": rows_json, "report": text}, indent=1))
 
 
 if __name__ == "__main__":
