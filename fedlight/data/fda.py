@@ -30,7 +30,6 @@ import math
 from collections.abc import Iterable
 
 import torch
-from torchvision.transforms.v2 import functional as TF
 
 from fedlight.errors import ConfigError
 
@@ -66,6 +65,8 @@ def window_half_width(size: tuple[int, int], b: int | None = 1, L: float = FDA_L
 
 def _to_bgr255(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """``[B, 3, H, W]`` RGB uint8 or float in [0, 1] → ``[B, 3, *size]`` float64 BGR in 0–255."""
+    from torchvision.transforms.v2 import functional as TF  # here, not at import: the command starts faster
+
     assert images.ndim == 4 and images.shape[1] == 3, f"expected [B, 3, H, W] RGB images, got {tuple(images.shape)}"
     if images.dtype == torch.uint8:
         # resized as 8-bit, like the reference code's PIL images, then taken to float
@@ -76,8 +77,9 @@ def _to_bgr255(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
                 "FDA styles need raw images: floating-point images in [0, 1] or uint8 in 0–255, got values in "
                 f"[{images.min().item():.3g}, {images.max().item():.3g}] (take the style before normalising)."
             )
-        resized = TF.resize(images.double() * 255.0, list(size), interpolation=TF.InterpolationMode.BICUBIC,
-                            antialias=True)
+        resized = TF.resize(
+            images.double() * 255.0, list(size), interpolation=TF.InterpolationMode.BICUBIC, antialias=True
+        )
     return resized.flip(1)  # RGB → BGR, the channel order of the reference code's styles
 
 
@@ -168,6 +170,8 @@ def apply_style(
     >>> apply_style(torch.zeros(1, 3, 4, 4, dtype=torch.uint8), extract_style(bright, 0, (4, 4)), 0, (4, 4)).unique()
     tensor([9], dtype=torch.uint8)
     """
+    from torchvision.transforms.v2 import functional as TF  # here, not at import: the command starts faster
+
     half = window_half_width(size, b, L)
     side = 2 * half + 1
     style = torch.as_tensor(style, dtype=torch.float64, device=images.device)
