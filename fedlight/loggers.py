@@ -89,6 +89,10 @@ def wandb_logger(
         tags=tags,
         notes=notes,
     )
+    # Lightning hands wandb.init `anonymous=None` whatever it is given, and W&B (≥ 0.19) warns "The anonymous
+    # setting has no effect" for any value, None included, on every run. The setting does nothing, so it is
+    # left out of the arguments instead of being passed on.
+    logger._wandb_init.pop("anonymous", None)
     if config is not None:
         logger.log_hyperparams(config)
     return logger
@@ -128,4 +132,3 @@ def histogram_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, np.ndarray) and value.ndim == 1 and value.size > 1:
             out[key] = wandb.Histogram(value)
     return out
-
