@@ -43,7 +43,7 @@ from torchmetrics import Metric
 from fedlight import checkpoint as ckpt_io
 from fedlight.bank import ModelBank, RoundSums, cluster_entry_names
 from fedlight.batched import BatchedLocalFit, batching_blocker, optimizer_factory
-from fedlight.callbacks.base import RoundCallback
+from fedlight.callbacks.base import CallbackFailed, RoundCallback, saved_rounds
 from fedlight.clients.base import FederatedClient, LocalFit
 from fedlight.console import RunConsole
 from fedlight.context import RunContext
@@ -328,8 +328,14 @@ class FederatedTrainer:
                 self._lock = None
 
     def _rounds(self, stop: StopRequest) -> dict[str, float]:
-        """The rounds from ``self.round`` on; after a stop request, the one in progress ends with a checkpoint."""
+        """The rounds from ``self.round`` on; after a stop request, the one in progress ends with a checkpoint.
+
+        A round callback that raises in a round's hooks or at the end does not lose the rounds done: the round
+        is logged and checkpointed first, then the run stops with :class:`CallbackFailed` naming the callback
+        and the checkpoint (a :class:`ConfigError` stays one, with the checkpoint added).
+        """
         fabric, context = self.fabric, self.context
+        last_ckpt = self.run_dir / "checkpoints" / ckpt_io.LAST
         fabric.call("on_fit_start", context)
         self.strategy.on_fit_start(context)
         self._setup_clusters()
@@ -342,18 +348,24 @@ class FederatedTrainer:
         metrics: dict[str, float] = self.history[-1] if self.history else {}
         for round_idx in range(self.round, self.rounds):
             started = time.perf_counter()
-            fabric.call("on_round_start", context, round_idx)
+            failure = self._call_callbacks("on_round_start", context, round_idx)
+            if failure is not None:
+                if self.round > 0:
+                    self.save_checkpoint(last_ckpt)
+                raise self._callback_failure(*failure)
             metrics = {"round": float(round_idx), **self._run_round(round_idx)}
             last = round_idx == self.rounds - 1
             if (round_idx + 1) % self.eval_every == 0 or last:
                 metrics.update(self._evaluate(clients=True, test=True))
             self.round = round_idx + 1
-            fabric.call("on_round_end", context, round_idx, metrics)
+            failure = self._call_callbacks("on_round_end", context, round_idx, metrics)
             metrics["round/time_s"] = time.perf_counter() - started
             metrics = self._log(metrics)
             stopping = self._stop_requested(stop)
-            if self.round % self.checkpoint_every == 0 or last or stopping:
-                self.save_checkpoint(self.run_dir / "checkpoints" / ckpt_io.LAST)
+            if self.round % self.checkpoint_every == 0 or last or stopping or failure is not None:
+                self.save_checkpoint(last_ckpt)
+            if failure is not None:
+                raise self._callback_failure(*failure)
             console.round_end(round_idx, self.rounds, metrics)
             if stopping and not last:
                 console.end(metrics, self.run_dir, self.round - first)
@@ -361,10 +373,34 @@ class FederatedTrainer:
                 path = (self.run_dir / "checkpoints" / ckpt_io.LAST).absolute()
                 self._interrupted = RunInterrupted(stop.requested or "SIGINT", path, self.round, saved=True)
                 return metrics
-        fabric.call("on_fit_end", context)
+        failure = self._call_callbacks("on_fit_end", context)
         self._finish_loggers()
         console.end(metrics, self.run_dir, self.round - first)
+        if failure is not None:
+            raise self._callback_failure(*failure)
         return metrics
+
+    def _call_callbacks(self, hook: str, *args: Any) -> tuple[RoundCallback, str, Exception] | None:
+        """Calls ``hook`` of every round callback in order; returns the first that raised, its hook and error."""
+        for callback in self.callbacks:
+            method = getattr(callback, hook, None)
+            if callable(method):
+                try:
+                    method(*args)
+                except Exception as err:
+                    return callback, hook, err
+        return None
+
+    def _callback_failure(self, callback: RoundCallback, hook: str, err: Exception) -> Exception:
+        """The error that ends a run whose callback raised, naming it and the checkpoint to resume from."""
+        path = (self.run_dir / "checkpoints" / ckpt_io.LAST).absolute() if self.run_dir is not None else None
+        saved = ckpt_io.saved_round(path) if path is not None and path.is_file() else None
+        if isinstance(err, ConfigError):
+            failure = ConfigError(*err.problems, f"({type(callback).__name__}: {saved_rounds(path, saved)}.)")
+        else:
+            failure = CallbackFailed(type(callback).__name__, hook, f"{type(err).__name__}: {err}", path, saved)
+        failure.__cause__ = err
+        return failure
 
     def validate(
         self,
@@ -483,7 +519,7 @@ class FederatedTrainer:
             model.configure_model()
             if self.init_from is not None:
                 ckpt_io.load_weights(model, self.init_from)
-        _check_model(model)
+        _check_model(model, datamodule, *(() if evaluating else (strategy, self.callbacks)))
         freeze_parameters(model, model.frozen_modules)
         self.module = self.precision.convert_module(model).to(fabric.device)
         if self.channels_last:  # the flat state reads and writes parameters in logical order, whatever their layout
@@ -1109,9 +1145,16 @@ def _seed_torch(seed: int, device: torch.device) -> None:
         getattr(torch, device.type).manual_seed(seed)
 
 
-def _check_model(model: FederatedClient) -> None:
+def _check_model(
+    model: FederatedClient,
+    datamodule: FederatedDataModule,
+    strategy: Strategy | None = None,
+    callbacks: list[RoundCallback] = (),
+) -> None:
     """Problems with ``--model`` that would otherwise surface only in the first local fit, after the run folder
-    was created: frozen parts that do not exist, optimizer settings the optimizer refuses (a negative lr)."""
+    was created: frozen parts that do not exist, optimizer settings the optimizer refuses (a negative lr); and
+    what the strategy and the round callbacks need of the model and data (their ``check``), which would
+    otherwise surface after training, in the round or at the end of the run that first uses it."""
     problems = []
     submodules = dict(model.named_modules())
     unknown = [name for name in model.frozen_modules if name not in submodules]
@@ -1128,6 +1171,10 @@ def _check_model(model: FederatedClient) -> None:
             problems.append(f"--model.init_args.optimizer refuses its settings: {err}. Fix them in the config.")
         except Exception:  # not a params → optimizer callable after all; configure_optimizers decides
             pass
+    if strategy is not None:
+        problems += strategy.check(model, datamodule)
+    for callback in callbacks:
+        problems += callback.check(model, datamodule)
     if problems:
         raise ConfigError(*problems)
 

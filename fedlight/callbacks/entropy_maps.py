@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from fedlight.callbacks.base import RoundCallback
+from fedlight.callbacks.figures import matplotlib_problem
 from fedlight.data.labels import voc_colormap
 from fedlight.errors import ConfigError
 from fedlight.metrics.functional.entropy import feature_entropy, softmax_entropy
@@ -59,6 +60,20 @@ class EntropyMaps(RoundCallback):
         self.every_n_rounds = every_n_rounds
         self.num_images = num_images
         self.last_path: Path | None = None
+
+    def check(self, module, datamodule) -> list[str]:
+        from fedlight.clients.segmentation import SegmentationClient
+
+        problems = matplotlib_problem("fedlight.callbacks.EntropyMaps")
+        if not isinstance(module, SegmentationClient):
+            problems.insert(
+                0,
+                "fedlight.callbacks.EntropyMaps draws per-pixel entropy maps of a segmentation model "
+                f"(fedlight.clients.SegmentationClient), but --model is {type(module).__name__}, whose outputs have "
+                "no pixels; remove EntropyMaps from --trainer.callbacks (FeatureTSNE and AggregateMeanMargin also "
+                "work for classification).",
+            )
+        return problems
 
     def on_round_end(self, context: RunContext, round_idx: int, metrics: dict[str, Any]) -> None:
         """Draws the maps of W^{t+1} when the round is due (every rank computes; rank 0 writes)."""

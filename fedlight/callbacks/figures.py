@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from fedlight.errors import ConfigError
 
-
-def require_matplotlib(callback: str) -> None:
-    """Raises a :class:`~fedlight.errors.ConfigError` naming the fix when matplotlib is not installed.
-
-    Called from constructors, so a config with such a callback fails when it is read, not after training.
-    """
+def matplotlib_problem(owner: str) -> list[str]:
+    """``[problem]`` when matplotlib is not installed, else ``[]``; a figure callback's :meth:`check` returns it, so a
+    config with such a callback fails at set-up with the fix, not after training."""
     try:
         import matplotlib  # noqa: F401
-    except ImportError as error:
-        raise ConfigError(
-            f"{callback} draws its figure with matplotlib, which is not installed: pip install matplotlib "
-            "(or pip install -e '.[dev]'), or remove the callback from --trainer.callbacks."
-        ) from error
+    except ImportError:
+        return [
+            f'{owner} draws its figure with matplotlib, which is not installed: pip install -e ".[plots]" (or pip '
+            "install matplotlib), or remove it from --trainer.callbacks."
+        ]
+    return []

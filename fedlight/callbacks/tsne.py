@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedlight.callbacks.base import RoundCallback
-from fedlight.callbacks.figures import require_matplotlib
+from fedlight.callbacks.base import RoundCallback, features_problem
+from fedlight.callbacks.figures import matplotlib_problem
 from fedlight.data.labels import IGNORE_INDEX, MACRO_CLASSES, VOC_CLASSES, voc_colormap
 from fedlight.errors import ConfigError
 from fedlight.metrics.functional.prototypes import dense_features_and_labels
@@ -44,11 +44,14 @@ class FeatureTSNE(RoundCallback):
             raise ConfigError(
                 f"Expected FeatureTSNE max_images ≥ 1 and max_points ≥ 3, got {max_images}, {max_points}."
             )
-        require_matplotlib("fedlight.callbacks.FeatureTSNE")
         self.max_images = max_images
         self.max_points = max_points
         self.include_background = include_background
         self.perplexity = perplexity
+
+    def check(self, module, datamodule) -> list[str]:
+        name = "fedlight.callbacks.FeatureTSNE"
+        return features_problem(name, module) + matplotlib_problem(name)
 
     def on_fit_end(self, context: RunContext) -> None:
         """Embeds and draws the final model's features (rank 0)."""
