@@ -50,7 +50,7 @@ from fedlight.context import RunContext
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.distributed import ClientParallelStrategy, assign_clients
 from fedlight.errors import ConfigError, RunInterrupted
-from fedlight.loggers import RoundCSV, histogram_metrics, scalar_metrics, wandb_logger
+from fedlight.loggers import RoundCSV, client_spread, histogram_metrics, scalar_metrics, wandb_logger
 from fedlight.rundir import RunLock, check_root, new_version_dir, remove_temporaries
 from fedlight.state import FlatState, freeze_modes, freeze_parameters
 from fedlight.stopping import StopRequest
@@ -427,7 +427,7 @@ class FederatedTrainer:
     def _evaluate_only(self, model, datamodule, strategy, ckpt_path, config, clients: bool) -> dict[str, float]:
         self._setup(model, datamodule, strategy, ckpt_path, config, logging=False, evaluating=True)
         self._setup_clusters()
-        return self._report(self._evaluate(clients=clients, test=not clients))
+        return self._report(scalar_metrics(self._evaluate(clients=clients, test=not clients)))
 
     def _stop_requested(self, stop: StopRequest) -> bool:
         """Whether any process received a stop signal: all of them stop after the same round."""
@@ -935,7 +935,7 @@ class FederatedTrainer:
         return self.module.eval()
 
     @torch.no_grad()
-    def _evaluate(self, clients: bool, test: bool) -> dict[str, float]:
+    def _evaluate(self, clients: bool, test: bool) -> dict[str, Any]:
         """Evaluates W^t on the clients' held-out splits and/or the global test set.
 
         Batches are spread over ranks and the metric states are summed, so every rank gets the same
@@ -944,7 +944,7 @@ class FederatedTrainer:
         """
         data = self.datamodule
         self.global_module()
-        metrics: dict[str, float] = {}
+        metrics: dict[str, Any] = {}
         shared_pass = data.test is None
         if clients and not shared_pass and len(data.held_out_index) == 0:
             clients = False  # --data.test_fraction=0: the clients keep every sample, only the test set is evaluated
@@ -971,8 +971,9 @@ class FederatedTrainer:
         metrics[key].reset()
         return metrics[key]
 
-    def _evaluation_pass(self, batches, num_groups: int, split: Literal["clients", "test"]) -> dict[str, float]:
-        """The global model's metrics over this process's share of ``batches``, summed over processes.
+    def _evaluation_pass(self, batches, num_groups: int, split: Literal["clients", "test"]) -> dict[str, Any]:
+        """The global model's metrics over this process's share of ``batches``, summed over processes; for the
+        clients' split, also each client's values (``<metric>_per_client``, ``[G]``) and their spread.
 
         For a clustered rule that routes ``split``, also ``routed/<metric>``: every sample is evaluated by the
         bank member the strategy routes it to (LADD: the cluster nearest to the image's own style), one pass of
@@ -989,7 +990,10 @@ class FederatedTrainer:
                 metric.update(**module.validation_step(precision.convert_input(batch), batch_idx))
             if routed:
                 mine.append((batch_idx, batch, strategy.route(self.context, batch, split)))
-        result = scalar_metrics(metric.compute())
+        computed = metric.compute()
+        result = scalar_metrics(computed)
+        if split == "clients":
+            result.update(client_spread(computed))  # per-client values and their spread over the clients
         if routed:
             routed_metric = self._evaluation_metric(num_groups, routed=True)
             for cluster in range(self.bank.num_clusters):
