@@ -30,7 +30,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -350,9 +350,9 @@ class FederatedTrainer:
             started = time.perf_counter()
             failure = self._call_callbacks("on_round_start", context, round_idx)
             if failure is not None:
-                if self.round > 0:
+                if self.round > first:  # the rounds since the last checkpoint
                     self.save_checkpoint(last_ckpt)
-                raise self._callback_failure(*failure)
+                raise self._callback_failure(failure, metrics, self.round - first)
             metrics = {"round": float(round_idx), **self._run_round(round_idx)}
             last = round_idx == self.rounds - 1
             if (round_idx + 1) % self.eval_every == 0 or last:
@@ -364,9 +364,9 @@ class FederatedTrainer:
             stopping = self._stop_requested(stop)
             if self.round % self.checkpoint_every == 0 or last or stopping or failure is not None:
                 self.save_checkpoint(last_ckpt)
-            if failure is not None:
-                raise self._callback_failure(*failure)
             console.round_end(round_idx, self.rounds, metrics)
+            if failure is not None:
+                raise self._callback_failure(failure, metrics, self.round - first)
             if stopping and not last:
                 console.end(metrics, self.run_dir, self.round - first)
                 self._finish_loggers()
@@ -374,10 +374,10 @@ class FederatedTrainer:
                 self._interrupted = RunInterrupted(stop.requested or "SIGINT", path, self.round, saved=True)
                 return metrics
         failure = self._call_callbacks("on_fit_end", context)
+        if failure is not None:
+            raise self._callback_failure(failure, metrics, self.round - first)
         self._finish_loggers()
         console.end(metrics, self.run_dir, self.round - first)
-        if failure is not None:
-            raise self._callback_failure(*failure)
         return metrics
 
     def _call_callbacks(self, hook: str, *args: Any) -> tuple[RoundCallback, str, Exception] | None:
@@ -391,16 +391,22 @@ class FederatedTrainer:
                     return callback, hook, err
         return None
 
-    def _callback_failure(self, callback: RoundCallback, hook: str, err: Exception) -> Exception:
-        """The error that ends a run whose callback raised, naming it and the checkpoint to resume from."""
+    def _callback_failure(
+        self, failure: tuple[RoundCallback, str, Exception], metrics: dict[str, float], rounds_run: int
+    ) -> Exception:
+        """Ends the run whose callback raised (loggers closed, summary printed) after its rounds were saved;
+        returns the error to raise, naming the callback and the checkpoint to resume from."""
+        callback, hook, err = failure
+        self._finish_loggers()
+        self.console.end(metrics, self.run_dir, rounds_run)
         path = (self.run_dir / "checkpoints" / ckpt_io.LAST).absolute() if self.run_dir is not None else None
         saved = ckpt_io.saved_round(path) if path is not None and path.is_file() else None
         if isinstance(err, ConfigError):
-            failure = ConfigError(*err.problems, f"({type(callback).__name__}: {saved_rounds(path, saved)}.)")
+            error = ConfigError(*err.problems, f"({type(callback).__name__}: {saved_rounds(path, saved)}.)")
         else:
-            failure = CallbackFailed(type(callback).__name__, hook, f"{type(err).__name__}: {err}", path, saved)
-        failure.__cause__ = err
-        return failure
+            error = CallbackFailed(type(callback).__name__, hook, f"{type(err).__name__}: {err}", path, saved)
+        error.__cause__ = err
+        return error
 
     def validate(
         self,
@@ -519,7 +525,8 @@ class FederatedTrainer:
             model.configure_model()
             if self.init_from is not None:
                 ckpt_io.load_weights(model, self.init_from)
-        _check_model(model, datamodule, *(() if evaluating else (strategy, self.callbacks)))
+        # what the rule and the round callbacks need of the model and data; evaluation runs neither
+        _check_model(model, datamodule, () if evaluating else (strategy, *self.callbacks))
         freeze_parameters(model, model.frozen_modules)
         self.module = self.precision.convert_module(model).to(fabric.device)
         if self.channels_last:  # the flat state reads and writes parameters in logical order, whatever their layout
@@ -1150,15 +1157,12 @@ def _seed_torch(seed: int, device: torch.device) -> None:
 
 
 def _check_model(
-    model: FederatedClient,
-    datamodule: FederatedDataModule,
-    strategy: Strategy | None = None,
-    callbacks: list[RoundCallback] = (),
+    model: FederatedClient, datamodule: FederatedDataModule, users: Sequence[Strategy | RoundCallback] = ()
 ) -> None:
     """Problems with ``--model`` that would otherwise surface only in the first local fit, after the run folder
     was created: frozen parts that do not exist, optimizer settings the optimizer refuses (a negative lr); and
-    what the strategy and the round callbacks need of the model and data (their ``check``), which would
-    otherwise surface after training, in the round or at the end of the run that first uses it."""
+    what the strategy and the round callbacks (``users``) need of the model and data, their ``check``, which
+    would otherwise surface after training, in the round or at the end of the run that first uses it."""
     problems = []
     submodules = dict(model.named_modules())
     unknown = [name for name in model.frozen_modules if name not in submodules]
@@ -1175,10 +1179,8 @@ def _check_model(
             problems.append(f"--model.init_args.optimizer refuses its settings: {err}. Fix them in the config.")
         except Exception:  # not a params → optimizer callable after all; configure_optimizers decides
             pass
-    if strategy is not None:
-        problems += strategy.check(model, datamodule)
-    for callback in callbacks:
-        problems += callback.check(model, datamodule)
+    for user in users:
+        problems += user.check(model, datamodule)
     if problems:
         raise ConfigError(*problems)
 
