@@ -16,7 +16,7 @@ from fedlight.clients.base import FederatedClient
 from fedlight.clients.classification import ClassificationClient
 from fedlight.errors import ConfigError
 from fedlight.metrics.classification import GroupedClassification
-from fedlight.strategies import MOON, FedProto, RobustAggregation
+from fedlight.strategies import MOON, FedCCMOON, FedProto, RobustAggregation
 from fedlight.trainer import FederatedTrainer
 from tests.callbacks.small_run import make_data, make_trainer
 
@@ -80,6 +80,7 @@ class PlainClient(FederatedClient):
         (FedProto(), "--strategy FedProto computes class prototypes from the penultimate features"),
         (MOON(), "MOON runs copies of the client's network"),
         (RobustAggregation(FedProto()), "--strategy FedProto computes class prototypes"),  # a wrapper asks its rule
+        (FedCCMOON(), "--strategy FedCCMOON contrasts the submodule --strategy.init_args.branch='head.nonlinear'"),
     ],
 )
 def test_a_rule_that_needs_features_is_refused_at_set_up(tmp_path, strategy, message):
