@@ -89,6 +89,10 @@ def wandb_logger(
         tags=tags,
         notes=notes,
     )
+    # Lightning hands wandb.init `anonymous=None` whatever it is given, and W&B (≥ 0.19) warns "The anonymous
+    # setting has no effect" for any value, None included, on every run. The setting does nothing, so it is
+    # left out of the arguments instead of being passed on.
+    logger._wandb_init.pop("anonymous", None)
     if config is not None:
         logger.log_hyperparams(config)
     return logger
@@ -117,7 +121,9 @@ def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def histogram_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    """1-D tensors and arrays of ``metrics`` as W&B histograms (e.g. FedProto's attention weights a^t[k])."""
+    """1-D tensors and arrays of ``metrics`` as W&B histograms of their finite values (e.g. FedProto's attention
+    weights a^t[k], the clients' accuracies); for per-client values (``…_per_client``), also a table
+    ``…_table`` of client and value, so single clients can be looked up."""
     import numpy as np
     import wandb
 
@@ -126,6 +132,40 @@ def histogram_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
         if hasattr(value, "detach"):
             value = value.detach().cpu().numpy()
         if isinstance(value, np.ndarray) and value.ndim == 1 and value.size > 1:
-            out[key] = wandb.Histogram(value)
+            finite = np.isfinite(value)
+            if finite.any():
+                out[key] = wandb.Histogram(value[finite])
+            if key.endswith(PER_CLIENT):
+                name = key.rsplit("/", 1)[-1].removesuffix(PER_CLIENT)
+                rows = [[int(client), float(value[client])] for client in np.flatnonzero(finite)]
+                out[key.removesuffix(PER_CLIENT) + "_table"] = wandb.Table(columns=["client", name], data=rows)
     return out
 
+
+#: The suffix of a metric that holds one value per client, ``[G]`` with NaN for a client without held-out data.
+PER_CLIENT = "_per_client"
+
+
+def client_spread(computed: dict[str, Any]) -> dict[str, Any]:
+    """How a per-client metric spreads over the clients, from an evaluation metric's output.
+
+    For every ``group_<m>`` of ``computed`` (``[G]``, one value per client, NaN where a client has no held-out
+    data): ``<m>_per_client``, the values themselves (a histogram and a table in W&B), and over the clients with
+    data ``<m>_min``, ``<m>_p10`` (the 10th percentile, linearly interpolated) and ``<m>_std`` (the population
+    standard deviation over clients), scalars beside the existing ``<m>_mean``.
+    """
+    import torch
+
+    out: dict[str, Any] = {}
+    for key, values in computed.items():
+        if not key.startswith("group_") or getattr(values, "ndim", 0) != 1:
+            continue
+        name = key.removeprefix("group_")
+        values = values.detach().double().cpu()
+        present = values[~values.isnan()]
+        out[name + PER_CLIENT] = values.float()
+        if len(present):
+            out[f"{name}_min"] = present.min().item()
+            out[f"{name}_p10"] = torch.quantile(present, 0.1).item()
+            out[f"{name}_std"] = present.std(correction=0).item()
+    return out

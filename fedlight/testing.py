@@ -102,8 +102,9 @@ class ScalarClient(FederatedClient):
         return MeanSquaredError()
 
 
-class Kill(Exception):
-    """Raised by :class:`KillAfterRound` to stop a run as a crash would."""
+class Kill(BaseException):
+    """Raised by :class:`KillAfterRound` to stop a run as a crash would. Not an ``Exception``: the trainer saves the
+    round when a callback raises one, and a crash leaves nothing saved."""
 
 
 class KillAfterRound(RoundCallback):

@@ -30,7 +30,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,14 +43,14 @@ from torchmetrics import Metric
 from fedlight import checkpoint as ckpt_io
 from fedlight.bank import ModelBank, RoundSums, cluster_entry_names
 from fedlight.batched import BatchedLocalFit, batching_blocker, optimizer_factory
-from fedlight.callbacks.base import RoundCallback
+from fedlight.callbacks.base import CallbackFailed, RoundCallback, saved_rounds
 from fedlight.clients.base import FederatedClient, LocalFit
 from fedlight.console import RunConsole
 from fedlight.context import RunContext
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.distributed import ClientParallelStrategy, assign_clients
 from fedlight.errors import ConfigError, RunInterrupted
-from fedlight.loggers import RoundCSV, histogram_metrics, scalar_metrics, wandb_logger
+from fedlight.loggers import RoundCSV, client_spread, histogram_metrics, scalar_metrics, wandb_logger
 from fedlight.rundir import RunLock, check_root, new_version_dir, remove_temporaries
 from fedlight.state import FlatState, freeze_modes, freeze_parameters
 from fedlight.stopping import StopRequest
@@ -328,8 +328,14 @@ class FederatedTrainer:
                 self._lock = None
 
     def _rounds(self, stop: StopRequest) -> dict[str, float]:
-        """The rounds from ``self.round`` on; after a stop request, the one in progress ends with a checkpoint."""
+        """The rounds from ``self.round`` on; after a stop request, the one in progress ends with a checkpoint.
+
+        A round callback that raises in a round's hooks or at the end does not lose the rounds done: the round
+        is logged and checkpointed first, then the run stops with :class:`CallbackFailed` naming the callback
+        and the checkpoint (a :class:`ConfigError` stays one, with the checkpoint added).
+        """
         fabric, context = self.fabric, self.context
+        last_ckpt = self.run_dir / "checkpoints" / ckpt_io.LAST
         fabric.call("on_fit_start", context)
         self.strategy.on_fit_start(context)
         self._setup_clusters()
@@ -342,29 +348,65 @@ class FederatedTrainer:
         metrics: dict[str, float] = self.history[-1] if self.history else {}
         for round_idx in range(self.round, self.rounds):
             started = time.perf_counter()
-            fabric.call("on_round_start", context, round_idx)
+            failure = self._call_callbacks("on_round_start", context, round_idx)
+            if failure is not None:
+                if self.round > first:  # the rounds since the last checkpoint
+                    self.save_checkpoint(last_ckpt)
+                raise self._callback_failure(failure, metrics, self.round - first)
             metrics = {"round": float(round_idx), **self._run_round(round_idx)}
             last = round_idx == self.rounds - 1
             if (round_idx + 1) % self.eval_every == 0 or last:
                 metrics.update(self._evaluate(clients=True, test=True))
             self.round = round_idx + 1
-            fabric.call("on_round_end", context, round_idx, metrics)
+            failure = self._call_callbacks("on_round_end", context, round_idx, metrics)
             metrics["round/time_s"] = time.perf_counter() - started
             metrics = self._log(metrics)
             stopping = self._stop_requested(stop)
-            if self.round % self.checkpoint_every == 0 or last or stopping:
-                self.save_checkpoint(self.run_dir / "checkpoints" / ckpt_io.LAST)
+            if self.round % self.checkpoint_every == 0 or last or stopping or failure is not None:
+                self.save_checkpoint(last_ckpt)
             console.round_end(round_idx, self.rounds, metrics)
+            if failure is not None:
+                raise self._callback_failure(failure, metrics, self.round - first)
             if stopping and not last:
                 console.end(metrics, self.run_dir, self.round - first)
                 self._finish_loggers()
                 path = (self.run_dir / "checkpoints" / ckpt_io.LAST).absolute()
                 self._interrupted = RunInterrupted(stop.requested or "SIGINT", path, self.round, saved=True)
                 return metrics
-        fabric.call("on_fit_end", context)
+        failure = self._call_callbacks("on_fit_end", context)
+        if failure is not None:
+            raise self._callback_failure(failure, metrics, self.round - first)
         self._finish_loggers()
         console.end(metrics, self.run_dir, self.round - first)
         return metrics
+
+    def _call_callbacks(self, hook: str, *args: Any) -> tuple[RoundCallback, str, Exception] | None:
+        """Calls ``hook`` of every round callback in order; returns the first that raised, its hook and error."""
+        for callback in self.callbacks:
+            method = getattr(callback, hook, None)
+            if callable(method):
+                try:
+                    method(*args)
+                except Exception as err:
+                    return callback, hook, err
+        return None
+
+    def _callback_failure(
+        self, failure: tuple[RoundCallback, str, Exception], metrics: dict[str, float], rounds_run: int
+    ) -> Exception:
+        """Ends the run whose callback raised (loggers closed, summary printed) after its rounds were saved;
+        returns the error to raise, naming the callback and the checkpoint to resume from."""
+        callback, hook, err = failure
+        self._finish_loggers()
+        self.console.end(metrics, self.run_dir, rounds_run)
+        path = (self.run_dir / "checkpoints" / ckpt_io.LAST).absolute() if self.run_dir is not None else None
+        saved = ckpt_io.saved_round(path) if path is not None and path.is_file() else None
+        if isinstance(err, ConfigError):
+            error = ConfigError(*err.problems, f"({type(callback).__name__}: {saved_rounds(path, saved)}.)")
+        else:
+            error = CallbackFailed(type(callback).__name__, hook, f"{type(err).__name__}: {err}", path, saved)
+        error.__cause__ = err
+        return error
 
     def validate(
         self,
@@ -391,7 +433,7 @@ class FederatedTrainer:
     def _evaluate_only(self, model, datamodule, strategy, ckpt_path, config, clients: bool) -> dict[str, float]:
         self._setup(model, datamodule, strategy, ckpt_path, config, logging=False, evaluating=True)
         self._setup_clusters()
-        return self._report(self._evaluate(clients=clients, test=not clients))
+        return self._report(scalar_metrics(self._evaluate(clients=clients, test=not clients)))
 
     def _stop_requested(self, stop: StopRequest) -> bool:
         """Whether any process received a stop signal: all of them stop after the same round."""
@@ -483,7 +525,8 @@ class FederatedTrainer:
             model.configure_model()
             if self.init_from is not None:
                 ckpt_io.load_weights(model, self.init_from)
-        _check_model(model)
+        # what the rule and the round callbacks need of the model and data; evaluation runs neither
+        _check_model(model, datamodule, () if evaluating else (strategy, *self.callbacks))
         freeze_parameters(model, model.frozen_modules)
         self.module = self.precision.convert_module(model).to(fabric.device)
         if self.channels_last:  # the flat state reads and writes parameters in logical order, whatever their layout
@@ -899,7 +942,7 @@ class FederatedTrainer:
         return self.module.eval()
 
     @torch.no_grad()
-    def _evaluate(self, clients: bool, test: bool) -> dict[str, float]:
+    def _evaluate(self, clients: bool, test: bool) -> dict[str, Any]:
         """Evaluates W^t on the clients' held-out splits and/or the global test set.
 
         Batches are spread over ranks and the metric states are summed, so every rank gets the same
@@ -908,7 +951,7 @@ class FederatedTrainer:
         """
         data = self.datamodule
         self.global_module()
-        metrics: dict[str, float] = {}
+        metrics: dict[str, Any] = {}
         shared_pass = data.test is None
         if clients and not shared_pass and len(data.held_out_index) == 0:
             clients = False  # --data.test_fraction=0: the clients keep every sample, only the test set is evaluated
@@ -935,8 +978,9 @@ class FederatedTrainer:
         metrics[key].reset()
         return metrics[key]
 
-    def _evaluation_pass(self, batches, num_groups: int, split: Literal["clients", "test"]) -> dict[str, float]:
-        """The global model's metrics over this process's share of ``batches``, summed over processes.
+    def _evaluation_pass(self, batches, num_groups: int, split: Literal["clients", "test"]) -> dict[str, Any]:
+        """The global model's metrics over this process's share of ``batches``, summed over processes; for the
+        clients' split, also each client's values (``<metric>_per_client``, ``[G]``) and their spread.
 
         For a clustered rule that routes ``split``, also ``routed/<metric>``: every sample is evaluated by the
         bank member the strategy routes it to (LADD: the cluster nearest to the image's own style), one pass of
@@ -953,7 +997,10 @@ class FederatedTrainer:
                 metric.update(**module.validation_step(precision.convert_input(batch), batch_idx))
             if routed:
                 mine.append((batch_idx, batch, strategy.route(self.context, batch, split)))
-        result = scalar_metrics(metric.compute())
+        computed = metric.compute()
+        result = scalar_metrics(computed)
+        if split == "clients":
+            result.update(client_spread(computed))  # per-client values and their spread over the clients
         if routed:
             routed_metric = self._evaluation_metric(num_groups, routed=True)
             for cluster in range(self.bank.num_clusters):
@@ -1109,9 +1156,13 @@ def _seed_torch(seed: int, device: torch.device) -> None:
         getattr(torch, device.type).manual_seed(seed)
 
 
-def _check_model(model: FederatedClient) -> None:
+def _check_model(
+    model: FederatedClient, datamodule: FederatedDataModule, users: Sequence[Strategy | RoundCallback] = ()
+) -> None:
     """Problems with ``--model`` that would otherwise surface only in the first local fit, after the run folder
-    was created: frozen parts that do not exist, optimizer settings the optimizer refuses (a negative lr)."""
+    was created: frozen parts that do not exist, optimizer settings the optimizer refuses (a negative lr); and
+    what the strategy and the round callbacks (``users``) need of the model and data, their ``check``, which
+    would otherwise surface after training, in the round or at the end of the run that first uses it."""
     problems = []
     submodules = dict(model.named_modules())
     unknown = [name for name in model.frozen_modules if name not in submodules]
@@ -1128,6 +1179,8 @@ def _check_model(model: FederatedClient) -> None:
             problems.append(f"--model.init_args.optimizer refuses its settings: {err}. Fix them in the config.")
         except Exception:  # not a params → optimizer callable after all; configure_optimizers decides
             pass
+    for user in users:
+        problems += user.check(model, datamodule)
     if problems:
         raise ConfigError(*problems)
 

@@ -86,3 +86,17 @@ def test_an_offline_logger_leaves_the_environment_as_it_was(tmp_path, monkeypatc
     monkeypatch.delenv("WANDB_MODE", raising=False)
     _run_fields(tmp_path, mode="offline")
     assert "WANDB_MODE" not in os.environ
+
+
+@pytest.mark.parametrize("env_mode", [None, "offline"])
+def test_an_offline_run_starts_without_a_wandb_warning(tmp_path, monkeypatch, capfd, env_mode):
+    if env_mode is None:
+        monkeypatch.delenv("WANDB_MODE", raising=False)
+    else:
+        monkeypatch.setenv("WANDB_MODE", env_mode)
+    monkeypatch.setattr(wandb.errors.term, "_printed_messages", set())  # W&B prints a warning once per process
+    monkeypatch.delenv("WANDB_SILENT", raising=False)
+    capfd.readouterr()
+    _run_fields(tmp_path)
+    out = capfd.readouterr()
+    assert "WARNING" not in out.err + out.out

@@ -2,7 +2,7 @@
 
 from fedlight.callbacks.amm import AggregateMeanMargin
 from fedlight.callbacks.backbone_feature_cache import BackboneFeatureCache
-from fedlight.callbacks.base import RoundCallback
+from fedlight.callbacks.base import CallbackFailed, RoundCallback
 from fedlight.callbacks.entropy_maps import EntropyMaps
 from fedlight.callbacks.feature_discrepancy import FeatureDiscrepancy
 from fedlight.callbacks.gradient_dissimilarity import GradientDissimilarity
@@ -12,6 +12,7 @@ from fedlight.callbacks.tsne import FeatureTSNE
 __all__ = [
     "AggregateMeanMargin",
     "BackboneFeatureCache",
+    "CallbackFailed",
     "EntropyMaps",
     "FeatureDiscrepancy",
     "FeatureTSNE",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fedlight.callbacks.base import RoundCallback
+from fedlight.callbacks.base import RoundCallback, features_problem
 from fedlight.errors import ConfigError
 from fedlight.metrics.functional.prototypes import (
     aggregate_mean_margin,
@@ -49,6 +49,9 @@ class AggregateMeanMargin(RoundCallback):
                 f"got {every_n_rounds}. 1 measures after every round."
             )
         self.every_n_rounds = every_n_rounds
+
+    def check(self, module, datamodule) -> list[str]:
+        return features_problem("fedlight.callbacks.AggregateMeanMargin", module)
 
     def on_round_end(self, context: RunContext, round_idx: int, metrics: dict[str, Any]) -> None:
         """Adds the AMM of W^{t+1} to the round's metrics when the round is due."""

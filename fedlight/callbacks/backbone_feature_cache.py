@@ -52,13 +52,22 @@ class BackboneFeatureCache(RoundCallback):
         self.cache: FeatureCache | None = None
         self._tmp: tempfile.TemporaryDirectory | None = None
 
+    def check(self, module, datamodule) -> list[str]:
+        problems = []
+        if not hasattr(module, "attach_feature_cache"):
+            problems.append(
+                f"fedlight.callbacks.BackboneFeatureCache needs a client with a frozen backbone and "
+                f"attach_feature_cache; --model is {type(module).__name__}, which has none. Use "
+                "fedlight.clients.UnsupervisedSegmentationClient, or remove the callback from --trainer.callbacks."
+            )
+        if not getattr(datamodule, "return_index", False):
+            problems.append(
+                "fedlight.callbacks.BackboneFeatureCache serves features by image index: set --data.return_index=true."
+            )
+        return problems
+
     def on_fit_start(self, context: RunContext) -> None:
         module, data = context.module, context.datamodule
-        if not hasattr(module, "attach_feature_cache"):
-            raise ConfigError(
-                f"BackboneFeatureCache needs a client with a frozen backbone and attach_feature_cache; "
-                f"{type(module).__name__} has none. Use fedlight.clients.UnsupervisedSegmentationClient."
-            )
         directory = self.directory
         if directory is None:
             if context.run_dir is None:

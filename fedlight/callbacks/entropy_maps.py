@@ -9,16 +9,19 @@ due, the global model W^{t+1} gives:
 - H_E, the entropy of its decoder features normalised over the channels, upsampled to the input size
   (:func:`~fedlight.metrics.functional.entropy.feature_entropy`, D10).
 
-They are saved as one PNG grid per round, ``<run_dir>/entropy_maps/round_<t>.png`` with one row per image
-and the columns input | ground truth | prediction | H_S | H_E (dark: low entropy; H_S scaled to
-[0, log C] and H_E to [0, log D], so grids of different rounds and runs compare), logged to W&B as the
-image ``analysis/entropy_maps``, and summarised by the mean entropies ``analysis/entropy_softmax`` and
-``analysis/entropy_features`` over those images.
+They are drawn as one figure per round, ``<run_dir>/entropy_maps/round_<t>.png``, with one row per image
+and the titled columns input | ground truth | prediction | H_S | H_E: label maps in Pascal VOC's colours with
+a legend of the classes shown, entropies in viridis (dark: low) on fixed scales, H_S on [0, log C] and H_E on
+[0, log D], each with its colour bar, so figures of different rounds and runs compare. The figure is logged
+to W&B as the image ``analysis/entropy_maps``, and the mean entropies over those images as
+``analysis/entropy_softmax`` and ``analysis/entropy_features``. Drawing needs matplotlib
+(``pip install -e ".[plots]"``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,20 +30,22 @@ import torch
 from torch import Tensor
 
 from fedlight.callbacks.base import RoundCallback
+from fedlight.callbacks.figures import class_names, matplotlib_problem
 from fedlight.data.labels import voc_colormap
 from fedlight.errors import ConfigError
 from fedlight.metrics.functional.entropy import feature_entropy, softmax_entropy
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from fedlight.context import RunContext
 
-# viridis at 0, ¼, ½, ¾, 1 (RGB), linearly interpolated: a perceptually ordered map without a plotting library
-_VIRIDIS_AT = np.linspace(0.0, 1.0, 5)
-_VIRIDIS = np.array([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]], dtype=np.float64)
+#: Column titles of the figure, left to right.
+COLUMNS = ("input", "ground truth", "prediction", "softmax entropy $H_S$", "feature entropy $H_E$")
 
 
 class EntropyMaps(RoundCallback):
-    """Saves and logs a PNG grid of predictions, H_S and H_E of fixed test images.
+    """Saves and logs a figure of predictions, H_S and H_E of fixed test images.
 
     Args:
         every_n_rounds: draw after every this many rounds, and after the last one; 0 draws after the last
@@ -60,6 +65,20 @@ class EntropyMaps(RoundCallback):
         self.num_images = num_images
         self.last_path: Path | None = None
 
+    def check(self, module, datamodule) -> list[str]:
+        from fedlight.clients.segmentation import SegmentationClient
+
+        problems = matplotlib_problem("fedlight.callbacks.EntropyMaps")
+        if not isinstance(module, SegmentationClient):
+            problems.insert(
+                0,
+                "fedlight.callbacks.EntropyMaps draws per-pixel entropy maps of a segmentation model "
+                f"(fedlight.clients.SegmentationClient), but --model is {type(module).__name__}, whose outputs have "
+                "no pixels; remove EntropyMaps from --trainer.callbacks (FeatureTSNE and AggregateMeanMargin also "
+                "work for classification).",
+            )
+        return problems
+
     def on_round_end(self, context: RunContext, round_idx: int, metrics: dict[str, Any]) -> None:
         """Draws the maps of W^{t+1} when the round is due (every rank computes; rank 0 writes)."""
         last = round_idx == context.rounds - 1
@@ -72,12 +91,13 @@ class EntropyMaps(RoundCallback):
         metrics["analysis/entropy_features"] = maps["feature_entropy"].mean().item()
         if context.rank != 0 or context.run_dir is None:
             return
-        grid = render_grid(x, y, maps["preds"], maps["softmax_entropy"], maps["feature_entropy"], maps["bounds"])
+        figure = entropy_figure(
+            x, y, maps["preds"], maps["softmax_entropy"], maps["feature_entropy"], maps["bounds"],
+            class_names(context.datamodule.num_classes), title=f"{context.name}, round {round_idx + 1}",
+        )  # fmt: skip
         path = context.run_dir / "entropy_maps" / f"round_{round_idx + 1:04d}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
-        from PIL import Image
-
-        Image.fromarray(grid).save(path)
+        figure.savefig(path, dpi=100)
         self.last_path = path
         context.log_images({"analysis/entropy_maps": [str(path)]}, step=round_idx)
 
@@ -113,31 +133,64 @@ def entropy_maps(context: RunContext, x: Tensor) -> dict[str, Tensor]:
     }
 
 
-def render_grid(x: Tensor, y: Tensor, preds: Tensor, h_s: Tensor, h_e: Tensor, bounds: Tensor) -> np.ndarray:
-    """One row per image: input | ground truth | prediction | H_S | H_E, as ``[N·H, 5·W, 3]`` uint8 RGB.
+def entropy_figure(
+    x: Tensor,
+    y: Tensor,
+    preds: Tensor,
+    h_s: Tensor,
+    h_e: Tensor,
+    bounds: Tensor,
+    names: Sequence[str] = (),
+    title: str = "",
+) -> Figure:
+    """One row per image: input | ground truth | prediction | H_S | H_E, as a matplotlib figure.
 
-    Inputs are min–max scaled per image; labels use VOC's colour map (void in its cream colour); H_S and
-    H_E are scaled to [0, log C] and [0, log D] and drawn in viridis colours (dark blue low, yellow high).
+    Inputs are min–max scaled per image; label maps use VOC's colour map (void in its cream colour), with a
+    legend naming the classes shown; H_S and H_E are
+    drawn in viridis on [0, log C] and [0, log D], each column with a colour bar.
+
+    Args:
+        x: ``[N, 3, H, W]`` (or one channel) input images.
+        y: ``[N, H, W]`` label maps.
+        preds: ``[N, H, W]`` predicted classes.
+        h_s, h_e: ``[N, H, W]`` softmax and feature entropies.
+        bounds: ``[2]`` log C and log D, the upper ends of the entropy scales.
+        names: the classes' names in the legend (class numbers where missing).
+        title: the figure's title.
     """
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
     palette = voc_colormap()
     x = x.float().cpu()
     low = x.amin(dim=(1, 2, 3), keepdim=True)
     high = x.amax(dim=(1, 2, 3), keepdim=True)
-    inputs = ((x - low) / (high - low + 1e-12) * 255).byte().permute(0, 2, 3, 1).numpy()  # [N, H, W, 3]
-    if inputs.shape[-1] == 1:
-        inputs = inputs.repeat(3, axis=-1)
-
-    def colored(entropy: Tensor, bound: float) -> np.ndarray:
-        level = (entropy.cpu().numpy() / bound).clip(0, 1)
-        channels = [np.interp(level, _VIRIDIS_AT, _VIRIDIS[:, k]) for k in range(3)]
-        return np.stack(channels, axis=-1).round().astype(np.uint8)
-
-    columns = [
-        inputs,
-        palette[y.cpu().numpy().clip(0, 255)],
-        palette[preds.cpu().numpy()],
-        colored(h_s, float(bounds[0])),
-        colored(h_e, float(bounds[1])),
+    inputs = ((x - low) / (high - low + 1e-12)).permute(0, 2, 3, 1).numpy()  # [N, H, W, channels] in [0, 1]
+    labels, predicted = y.cpu().numpy().clip(0, 255), preds.cpu().numpy()
+    num_rows = len(inputs)
+    figure = Figure(figsize=(5 * 2.2 + 1.6, num_rows * 2.2 + 1.4), layout="constrained")
+    axes = figure.subplots(num_rows, 5, squeeze=False)
+    entropies = [(h_s.cpu().numpy(), float(bounds[0]), "log C"), (h_e.cpu().numpy(), float(bounds[1]), "log D")]
+    for row in range(num_rows):
+        image = inputs[row]
+        axes[row, 0].imshow(image[..., 0] if image.shape[-1] == 1 else image, cmap="gray")
+        axes[row, 1].imshow(palette[labels[row]])
+        axes[row, 2].imshow(palette[predicted[row]])
+        for column, (values, bound, _) in enumerate(entropies, start=3):
+            axes[row, column].imshow(values[row], cmap="viridis", vmin=0.0, vmax=bound)
+    for axis in axes.flat:
+        axis.set_xticks([])
+        axis.set_yticks([])
+    for axis, column_title in zip(axes[0], COLUMNS, strict=True):
+        axis.set_title(column_title)
+    for column, (_, bound, name) in enumerate(entropies, start=3):
+        figure.colorbar(axes[0, column].images[0], ax=axes[:, column], label=f"nats, 0 … {name} = {bound:.2f}")
+    shown = np.union1d(np.unique(labels), np.unique(predicted))
+    handles = [
+        Patch(color=palette[c] / 255.0, label=names[c] if c < len(names) else ("void" if c == 255 else str(c)))
+        for c in shown
     ]
-    rows = np.concatenate(columns, axis=2)  # [N, H, 5·W, 3]
-    return np.ascontiguousarray(rows.reshape(-1, *rows.shape[2:]))
+    figure.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 7), fontsize="small")
+    if title:
+        figure.suptitle(title)
+    return figure

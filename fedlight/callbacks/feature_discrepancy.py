@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from fedlight import checkpoint as ckpt_io
-from fedlight.callbacks.base import RoundCallback
+from fedlight.callbacks.base import RoundCallback, features_problem
 from fedlight.errors import ConfigError
 from fedlight.metrics.functional.mmd import maximum_mean_discrepancy
 
@@ -108,15 +108,19 @@ class FeatureDiscrepancy(RoundCallback):
         self.bandwidth_multipliers = bandwidth_multipliers
         self.reference_module: FederatedClient | None = None
 
-    def on_fit_start(self, context: RunContext) -> None:
-        """Loads the reference checkpoint into a copy of the client module (eval mode, frozen)."""
-        path = Path(self.reference)
-        if not path.is_file():
-            raise ConfigError(
-                f"{_FLAG}.reference={path} does not exist. Pass the last.ckpt of a centralized run, e.g. "
+    def check(self, module, datamodule) -> list[str]:
+        problems = features_problem("fedlight.callbacks.FeatureDiscrepancy", module)
+        if not Path(self.reference).is_file():
+            problems.append(
+                f"{_FLAG}.reference={self.reference} does not exist. Pass the last.ckpt of a centralized run, e.g. "
                 "fedlight fit --config conf/fedproto/synthetic/centralized.yaml, then "
                 "<run_dir>/checkpoints/last.ckpt."
             )
+        return problems
+
+    def on_fit_start(self, context: RunContext) -> None:
+        """Loads the reference checkpoint into a copy of the client module (eval mode, frozen)."""
+        path = Path(self.reference)
         try:
             state = ckpt_io.load(path)
         except ConfigError as err:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedlight.callbacks.base import RoundCallback
-from fedlight.callbacks.figures import require_matplotlib
+from fedlight.callbacks.figures import matplotlib_problem
 from fedlight.data.labels import VOC_CLASSES, voc_colormap
 from fedlight.data.partition.summary import partition_statistics, plot_partition_summary
 
@@ -37,9 +37,11 @@ class PartitionSummary(RoundCallback):
     """
 
     def __init__(self, max_clients: int = 30, class_names: list[str] | None = None) -> None:
-        require_matplotlib("fedlight.callbacks.PartitionSummary")
         self.max_clients = max_clients
         self.class_names = class_names
+
+    def check(self, module, datamodule) -> list[str]:
+        return matplotlib_problem("fedlight.callbacks.PartitionSummary")
 
     def on_fit_start(self, context: RunContext) -> None:
         """Counts, draws and logs the partition (rank 0)."""

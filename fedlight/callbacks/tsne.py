@@ -6,8 +6,9 @@ decoder-feature pixel is a point, labelled by the label map downsampled by neare
 prototypes, D5); void pixels are dropped and, as in Fig. S3, background too unless asked for. At most
 ``max_points`` points are kept, drawn at random with the run's seed.
 
-Writes ``<run_dir>/tsne.png`` (classes in Pascal VOC's colours) and ``tsne.npz`` (the embedding and the
-labels, to compare runs), and logs the picture to W&B as ``analysis/tsne``.
+Writes ``<run_dir>/tsne.png`` (one qualitative colour per class, tab10 or tab20, and a legend naming them;
+Pascal VOC's colours beyond 20 classes) and ``tsne.npz`` (the embedding and the labels, to compare runs), and
+logs the picture to W&B as ``analysis/tsne``. Drawing needs matplotlib (``pip install -e ".[plots]"``).
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedlight.callbacks.base import RoundCallback
-from fedlight.callbacks.figures import require_matplotlib
-from fedlight.data.labels import IGNORE_INDEX, MACRO_CLASSES, VOC_CLASSES, voc_colormap
+from fedlight.callbacks.base import RoundCallback, features_problem
+from fedlight.callbacks.figures import class_names, matplotlib_problem
+from fedlight.data.labels import IGNORE_INDEX, voc_colormap
 from fedlight.errors import ConfigError
 from fedlight.metrics.functional.prototypes import dense_features_and_labels
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from fedlight.context import RunContext
 
 
@@ -44,11 +47,14 @@ class FeatureTSNE(RoundCallback):
             raise ConfigError(
                 f"Expected FeatureTSNE max_images ≥ 1 and max_points ≥ 3, got {max_images}, {max_points}."
             )
-        require_matplotlib("fedlight.callbacks.FeatureTSNE")
         self.max_images = max_images
         self.max_points = max_points
         self.include_background = include_background
         self.perplexity = perplexity
+
+    def check(self, module, datamodule) -> list[str]:
+        name = "fedlight.callbacks.FeatureTSNE"
+        return features_problem(name, module) + matplotlib_problem(name)
 
     def on_fit_end(self, context: RunContext) -> None:
         """Embeds and draws the final model's features (rank 0)."""
@@ -64,7 +70,8 @@ class FeatureTSNE(RoundCallback):
         perplexity = min(self.perplexity, (len(labels) - 1) / 3)
         embedding = TSNE(2, perplexity=perplexity, init="pca", random_state=context.seed).fit_transform(features)
         np.savez(context.run_dir / "tsne.npz", embedding=embedding, labels=labels)
-        path = _plot(embedding, labels, context.datamodule.num_classes, context.run_dir / "tsne.png", context.name)
+        path = context.run_dir / "tsne.png"
+        tsne_figure(embedding, labels, context.datamodule.num_classes, context.name).savefig(path, dpi=110)
         context.log_images({"analysis/tsne": [str(path)]}, step=context.rounds - 1)
 
     @torch.no_grad()
@@ -88,23 +95,34 @@ class FeatureTSNE(RoundCallback):
         return np.concatenate(features), np.concatenate(labels)
 
 
-def _plot(embedding: np.ndarray, labels: np.ndarray, num_classes: int, path, title: str):
-    import matplotlib
+def class_colors(num_classes: int) -> np.ndarray:
+    """``[C, 3]`` RGB colours in [0, 1], one per class: matplotlib's qualitative ``tab10`` for up to 10 classes and
+    ``tab20`` for up to 20, whose colours are told apart at a glance; beyond 20, Pascal VOC's colour map, as in
+    the label maps of :mod:`~fedlight.callbacks.entropy_maps`."""
+    if num_classes > 20:
+        return voc_colormap()[:num_classes] / 255.0
+    from matplotlib import colormaps
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    cmap = colormaps["tab10" if num_classes <= 10 else "tab20"]
+    return np.array([cmap(c)[:3] for c in range(num_classes)])
 
-    names = {21: VOC_CLASSES, 5: MACRO_CLASSES}.get(num_classes, tuple(str(c) for c in range(num_classes)))
-    palette = voc_colormap() / 255.0
-    figure, axis = plt.subplots(figsize=(6.5, 6))
+
+def tsne_figure(embedding: np.ndarray, labels: np.ndarray, num_classes: int, title: str = "") -> Figure:
+    """The 2-D embedding ``[M, 2]`` as a scatter plot, one colour per class (:func:`class_colors`), with a legend."""
+    from matplotlib.figure import Figure
+
+    names, colors = class_names(num_classes), class_colors(num_classes)
+    size = 30.0 if len(labels) <= 300 else 5.0  # few points are drawn large enough to see their colour
+    figure = Figure(figsize=(7.5, 6), layout="constrained")
+    axis = figure.subplots()
     for c in np.unique(labels):
         points = embedding[labels == c]
-        axis.scatter(points[:, 0], points[:, 1], s=4, color=palette[c], label=names[c] if c < len(names) else str(c))
-    axis.legend(markerscale=3, fontsize=7, loc="best", ncol=2)
+        axis.scatter(points[:, 0], points[:, 1], s=size, color=colors[c], label=names[c], linewidths=0)
+    axis.legend(
+        loc="center left", bbox_to_anchor=(1.0, 0.5), markerscale=max(1.0, 20.0 / size) ** 0.5,
+        fontsize="small", ncol=1 if len(np.unique(labels)) <= 12 else 2, title="class",
+    )  # fmt: skip
     axis.set_xticks([])
     axis.set_yticks([])
     axis.set_title(f"t-SNE of the final features  {title}".strip())
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return figure

@@ -107,6 +107,11 @@ class Strategy:
         return sample_clients(num_samples, k, rng, proportional=self.sampling == "proportional")
 
     # -- hooks ---------------------------------------------------------------------------------------
+    def check(self, module: LightningModule, datamodule: Any) -> list[str]:
+        """Why this rule cannot train ``module`` on ``datamodule`` (set up), one sentence per problem naming the rule
+        and the fix; empty when it can. Called at set-up, before the run folder is created or a client trains."""
+        return []
+
     def on_fit_start(self, context: RunContext) -> None:
         """Called once before the first round (also after a resume)."""
 

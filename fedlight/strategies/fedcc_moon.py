@@ -96,6 +96,17 @@ class FedCCMOON(FedCC):
         self._previous: nn.Module | None = None  # N_prev, frozen
         self._has_previous = False
 
+    def check(self, module: LightningModule, datamodule: Any) -> list[str]:
+        try:
+            module.get_submodule(self.branch)
+        except AttributeError:
+            return [
+                f"--strategy FedCCMOON contrasts the submodule --strategy.init_args.branch={self.branch!r}, which "
+                f"{type(module).__name__} lacks. Use fedlight.clients.UnsupervisedSegmentationClient (head.nonlinear) "
+                "or name one of your client's submodules."
+            ]
+        return super().check(module, datamodule)
+
     def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
         branch = module.get_submodule(self.branch)
         if self._layout is None:

@@ -94,6 +94,19 @@ class FedProto(Strategy):
         self.attention: Tensor | None = None  # a^t [K'] of the last round, clients in increasing order
         self._before: Tensor | None = None  # p̂_k^before [C, D] of the client training in this process
 
+    def check(self, module: LightningModule, datamodule: Any) -> list[str]:
+        """FedProto's prototypes are class means of ``module.net.forward_features`` (Eq. 4, D5)."""
+        net = getattr(module, "net", None)
+        if net is not None and hasattr(net, "forward_features"):
+            return []
+        return [
+            "--strategy FedProto computes class prototypes from the penultimate features of the client's network "
+            f"(module.net.forward_features), but --model {type(module).__name__} has "
+            f"{'a net ' + type(net).__name__ + ' without it' if net is not None else 'no net'}. Use "
+            "fedlight.clients.ClassificationClient or SegmentationClient with a registered network, or give your "
+            "network forward_features (the classifier's input)."
+        ]
+
     # -- client side -------------------------------------------------------------------------------
     def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
         """Prototypes of the client's training set with the received model W^t (the "t−1" side of Eq. 8)."""

@@ -105,6 +105,13 @@ class MOON(FedAvg):
         self._previous_net: nn.Module | None = None  # frozen copy holding the client's previous model
         self._has_previous = False
 
+    def check(self, module: LightningModule, datamodule: Any) -> list[str]:
+        try:
+            _network_of(module)
+        except ConfigError as err:
+            return [str(err)]
+        return []
+
     # -- client side -------------------------------------------------------------------------------
     def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
         """Loads W^t (the module's state now) and the client's previous model into the frozen copies."""

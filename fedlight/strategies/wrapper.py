@@ -93,6 +93,9 @@ class RuleWrapper(Strategy):
     def sample_clients(self, num_samples: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
         return self.rule.sample_clients(num_samples, k, rng)
 
+    def check(self, module: LightningModule, datamodule: Any) -> list[str]:
+        return self.rule.check(module, datamodule)
+
     def on_fit_start(self, context: RunContext) -> None:
         self.rule.on_fit_start(context)
 

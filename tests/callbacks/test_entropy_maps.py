@@ -1,14 +1,17 @@
 import math
 
 import numpy as np
+import pytest
 import torch
+from matplotlib import colormaps
 from PIL import Image
 
 from fedlight.callbacks import EntropyMaps, FeatureTSNE
-from fedlight.callbacks.entropy_maps import render_grid
+from fedlight.callbacks.entropy_maps import entropy_figure
+from fedlight.callbacks.tsne import tsne_figure
 from fedlight.clients import SegmentationClient
 from fedlight.data import FederatedDataModule, Scenes
-from fedlight.data.labels import voc_colormap
+from fedlight.data.labels import MACRO_CLASSES, voc_colormap
 from fedlight.data.partition import DirichletPowerLaw
 from fedlight.strategies import FedAvg
 from fedlight.trainer import FederatedTrainer
@@ -27,14 +30,10 @@ def test_grids_scalars_and_tsne_of_a_short_run(tmp_path):
     settings = {"logger": "csv", "enable_progress_bar": False, "default_root_dir": tmp_path}
     trainer = FederatedTrainer(rounds=2, clients_per_round=1, local_epochs=1, callbacks=[maps, tsne], **settings)
     trainer.fit(model, data, FedAvg())
-    grids = sorted((trainer.run_dir / "entropy_maps").glob("round_*.png"))
-    assert [p.name for p in grids] == ["round_0001.png", "round_0002.png"]
-    grid = np.array(Image.open(grids[-1]))
-    assert grid.shape == (3 * 32, 5 * 32, 3)
-    # column 2 is the ground truth in VOC colours: test images 0, 2 and 5 of 6 (linspace, rounded), pixel by pixel
-    for row, index in enumerate([0, 2, 5]):
-        truth = voc_colormap()[data.test.targets[index].numpy()]
-        assert np.array_equal(grid[32 * row : 32 * (row + 1), 32:64], truth)
+    figures = sorted((trainer.run_dir / "entropy_maps").glob("round_*.png"))
+    assert [p.name for p in figures] == ["round_0001.png", "round_0002.png"]
+    width, height = Image.open(figures[-1]).size
+    assert width >= 1000 and height >= 3 * 150  # at 100 dpi: 2.2 inches per 32-pixel map, not 32 pixels
     for row in trainer.history:
         assert 0 <= row["analysis/entropy_softmax"] <= math.log(5)
         assert 0 <= row["analysis/entropy_features"] <= math.log(8)
@@ -44,16 +43,51 @@ def test_grids_scalars_and_tsne_of_a_short_run(tmp_path):
     assert (trainer.run_dir / "tsne.png").stat().st_size > 5_000
 
 
-def test_grid_columns():
+def test_figure_titles_its_columns_and_scales_the_entropies():
     x = torch.zeros(2, 3, 4, 4)
     x[0, 0] = 1.0  # a red first image once min–max scaled
-    y = torch.tensor([[[0, 15, 255, 1]] * 4, [[2] * 4] * 4])
+    y = torch.tensor([[[0, 4, 255, 1]] * 4, [[2] * 4] * 4])
     preds = torch.ones(2, 4, 4, dtype=torch.long)
     low, high = torch.zeros(2, 4, 4), torch.full((2, 4, 4), 9.0)
-    grid = render_grid(x, y, preds, low, high, torch.tensor([1.0, 2.0]))
-    assert grid.shape == (8, 20, 3) and grid.dtype == np.uint8
-    assert (grid[:4, :4] == [255, 0, 0]).all()  # input
-    assert grid[:4, 4:8].reshape(-1, 3)[:4].tolist() == [[0, 0, 0], [192, 128, 128], [224, 224, 192], [128, 0, 0]]
-    assert (grid[:, 8:12] == [128, 0, 0]).all()  # prediction: class 1 everywhere
-    assert (grid[:, 12:16] == grid[0, 12]).all() and (grid[:, 16:20] == grid[0, 16]).all()  # flat maps
-    assert not np.array_equal(grid[0, 12], grid[0, 16])  # 0 and the clipped maximum differ in colour
+    bounds = torch.tensor([math.log(5), math.log(8)])
+    figure = entropy_figure(x, y, preds, low, high, bounds, MACRO_CLASSES, title="run, round 3")
+    axes = figure.axes
+    assert len(axes) == 2 * 5 + 2  # five maps per image, then one colour bar for each entropy column
+    assert [a.get_title() for a in axes[:5]] == [
+        "input",
+        "ground truth",
+        "prediction",
+        "softmax entropy $H_S$",
+        "feature entropy $H_E$",
+    ]
+    assert all(a.get_title() == "" for a in axes[5:10])  # titles on the top row only
+    assert figure.get_suptitle() == "run, round 3"
+    cell = [a.images[0].get_array() for a in axes[:10]]
+    assert np.allclose(cell[0][..., 0], 1) and np.allclose(cell[0][..., 1:], 0)  # input: red
+    assert np.array_equal(cell[1], voc_colormap()[y[0].numpy()])  # ground truth, void in VOC's cream
+    assert np.array_equal(cell[2], voc_colormap()[np.ones((4, 4), dtype=int)])
+    h_s, h_e = axes[3].images[0], axes[4].images[0]
+    assert h_s.get_cmap().name == h_e.get_cmap().name == "viridis"
+    assert h_s.get_clim() == pytest.approx((0, math.log(5))) and h_e.get_clim() == pytest.approx((0, math.log(8)))
+    colour_bars = axes[10:]
+    assert [bar.get_ylim() for bar in colour_bars] == [pytest.approx((0, math.log(5))), pytest.approx((0, math.log(8)))]
+    assert "log C" in colour_bars[0].get_ylabel() and "log D" in colour_bars[1].get_ylabel()
+    legend = [t.get_text() for t in figure.legends[0].get_texts()]
+    assert legend == ["background", "person", "vehicle", "animal", "void"]  # 0, 1, 2, 4 and 255 appear
+    assert figure.get_size_inches()[0] * 100 >= 1000  # readable at 100 dpi
+
+
+def test_tsne_colours_are_distinct_and_named():
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(10), 6)  # the digits' 64-point case: a few points per class
+    figure = tsne_figure(rng.normal(size=(60, 2)), labels, num_classes=10, title="digits")
+    (axis,) = figure.axes
+    colours = np.array([collection.get_facecolor()[0][:3] for collection in axis.collections])
+    assert np.allclose(colours, [colormaps["tab10"](c)[:3] for c in range(10)])  # matplotlib's qualitative map
+    distances = np.linalg.norm(colours[:, None] - colours[None], axis=-1)
+    assert distances[~np.eye(10, dtype=bool)].min() > 0.15  # no two classes share a look-alike colour
+    assert [t.get_text() for t in axis.get_legend().get_texts()] == [str(c) for c in range(10)]
+    assert all(collection.get_sizes()[0] >= 20 for collection in axis.collections)  # few points: large markers
+    twenty = tsne_figure(rng.normal(size=(40, 2)), np.repeat(np.arange(1, 21), 2), num_classes=21)
+    fine = np.array([c.get_facecolor()[0][:3] for c in twenty.axes[0].collections])
+    assert len(np.unique(fine.round(4), axis=0)) == 20

@@ -1,14 +1,11 @@
-import builtins
 import json
 
 import numpy as np
-import pytest
 
-from fedlight.callbacks import FeatureTSNE, PartitionSummary
+from fedlight.callbacks import PartitionSummary
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Scenes
 from fedlight.data.partition import DirichletPowerLaw
-from fedlight.errors import ConfigError
 from fedlight.strategies import FedAvg
 from fedlight.trainer import FederatedTrainer
 
@@ -36,17 +33,3 @@ def test_summary_of_the_runs_partition_is_saved(tmp_path):
     sizes = [len(ix) for ix in data.client_train]
     assert (counts.sum(axis=1) >= np.array(sizes)).all()
     assert record["class_names"][:2] == ["aeroplane", "bicycle"] and record["summary"]["clients"] == 8
-
-
-def test_missing_matplotlib_is_reported_when_the_config_is_read(monkeypatch):
-    real_import = builtins.__import__
-
-    def without_matplotlib(name, *args, **kwargs):
-        if name.split(".")[0] == "matplotlib":
-            raise ImportError("No module named 'matplotlib'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", without_matplotlib)
-    for callback in (PartitionSummary, FeatureTSNE):
-        with pytest.raises(ConfigError, match="pip install matplotlib"):
-            callback()

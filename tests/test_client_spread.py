@@ -1,0 +1,80 @@
+"""Each client's accuracy at evaluation reaches W&B (histogram and table) and its spread reaches metrics.csv."""
+
+import csv
+
+import numpy as np
+import torch
+import wandb
+
+import fedlight.trainer
+from fedlight.loggers import client_spread, histogram_metrics
+from fedlight.strategies import FedAvg
+from tests.callbacks.small_run import make_data, make_model, make_trainer
+
+
+class RecordingLogger:
+    """Stands in for the W&B logger: keeps what the trainer logs."""
+
+    def __init__(self) -> None:
+        self.logged: list[tuple[int, dict]] = []
+
+    def log_metrics(self, metrics, step):
+        self.logged.append((step, dict(metrics)))
+
+    def finalize(self, status):
+        pass
+
+
+def _accuracy_by_hand(trainer, client: int) -> float:
+    model = trainer.global_module()
+    correct = total = 0
+    with torch.no_grad():
+        for x, y in trainer.datamodule.client_batches(client, split="held_out"):
+            correct += int((model(x).argmax(dim=1) == y).sum())
+            total += len(y)
+    return correct / total
+
+
+def test_each_clients_accuracy_is_logged_with_its_spread(tmp_path, monkeypatch):
+    recorder = RecordingLogger()
+    monkeypatch.setattr(fedlight.trainer, "wandb_logger", lambda *args, **kwargs: recorder)
+    trainer = make_trainer(tmp_path, rounds=2)
+    trainer.loggers = ["csv", "wandb"]
+    data = make_data(eval_batch_size=7)
+    trainer.fit(make_model(), data, FedAvg())
+
+    expected = np.array([_accuracy_by_hand(trainer, k) for k in range(data.num_clients)])  # the final model's
+    step, logged = recorder.logged[-1]
+    assert step == 1
+    histogram = logged["clients/acc_per_client"]
+    assert isinstance(histogram, wandb.Histogram)
+    counts, edges = np.histogram(expected, bins=64)  # wandb.Histogram's own binning of the same values
+    assert histogram.histogram == counts.tolist()
+    np.testing.assert_allclose(histogram.bins, edges, rtol=1e-6)
+    table = logged["clients/acc_table"]
+    assert table.columns == ["client", "acc"]
+    assert [row[0] for row in table.data] == list(range(data.num_clients))
+    np.testing.assert_allclose([row[1] for row in table.data], expected, rtol=1e-6)
+
+    with (trainer.run_dir / "metrics.csv").open() as f:
+        last = list(csv.DictReader(f))[-1]
+    assert np.isclose(float(last["clients/acc_min"]), expected.min())
+    assert np.isclose(float(last["clients/acc_p10"]), np.percentile(expected, 10))
+    assert np.isclose(float(last["clients/acc_std"]), np.std(expected))
+    assert np.isclose(float(last["clients/acc_mean"]), expected.mean())
+    assert "clients/acc_per_client" not in last  # the values themselves stay out of the CSV
+
+
+def test_clients_without_held_out_data_are_left_out_of_the_spread():
+    spread = client_spread({"group_acc": torch.tensor([0.5, float("nan"), 1.0, 0.0]), "acc": torch.tensor(0.6)})
+    assert spread["acc_min"] == 0.0
+    assert np.isclose(spread["acc_p10"], np.percentile([0.5, 1.0, 0.0], 10))
+    assert np.isclose(spread["acc_std"], np.std([0.5, 1.0, 0.0]))
+    assert torch.equal(spread["acc_per_client"].isnan(), torch.tensor([False, True, False, False]))
+    assert set(spread) == {"acc_per_client", "acc_min", "acc_p10", "acc_std"}
+
+
+def test_the_table_names_each_client_with_data_and_the_histogram_counts_them():
+    logged = histogram_metrics({"clients/acc_per_client": torch.tensor([0.5, float("nan"), 1.0])})
+    assert logged["clients/acc_table"].data == [[0, 0.5], [2, 1.0]]
+    assert sum(logged["clients/acc_per_client"].histogram) == 2
