@@ -103,3 +103,19 @@ def test_compare_end_to_end_on_two_tiny_twin_runs(tmp_path, capsys):
     expected = stats.ttest_rel(b["miou"][keep], a["miou"][keep]).pvalue
     assert f"n = {keep.sum()} images" in printed
     assert (f"p = {expected:.4g}" if np.isfinite(expected) else "p = 1") in printed
+
+
+class Classes(torch.nn.Module):
+    """A stand-in supervised model: its predicted classes are the batch's first channel."""
+
+    def validation_step(self, batch, batch_idx):
+        return {"preds": batch[0][:, 0].long(), "target": batch[1]}
+
+
+def test_supervised_predictions_are_scored_without_a_match():
+    preds = torch.tensor([[[1, 1, 0, 0]], [[0, 0, 1, 1]]]).float()
+    target = torch.tensor([[[0, 0, 1, 255]], [[0, 0, 1, 1]]])
+    images = preds[:, None].expand(-1, 3, -1, -1)
+    scores = per_image_scores(Classes().eval(), [(images, target, None)], num_classes=2)
+    # image 0 is wrong on its 3 valid pixels (no swap is made); image 1 is right everywhere
+    assert scores["acc"].tolist() == [0.0, 1.0] and scores["miou"].tolist() == [0.0, 1.0]
