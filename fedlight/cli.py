@@ -376,6 +376,10 @@ def main(args: list[str] | None = None) -> None:
         sys.path.insert(0, cwd)
     args = sys.argv[1:] if args is None else args
     try:
+        if args and args[0] == "compare":  # a paired test of two finished runs, not a training stage
+            from fedlight.compare import main as compare
+
+            return compare(list(args[1:]))
         run(args)
     except ConfigError as err:
         print(f"fedlight: error: {err}", file=sys.stderr)

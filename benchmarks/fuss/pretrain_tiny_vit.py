@@ -14,7 +14,10 @@ never read. The script is seeded and writes ``<out>`` (the ViT's ``state_dict``,
 Measured (seed 0, 400 steps): the loss falls from 2.97 to 0.13, but the features do not separate the twin's
 classes better than the random initialisation's: after centring, the mean cosine of same-class / different-
 class patches is 0.042 / −0.008, against 0.188 / −0.029 at random. Patch-level instance discrimination makes
-every patch its own class, not every street class; the twin therefore keeps the random ViT.
+every patch its own class, not every street class; the twin therefore keeps the random ViT. (Those
+measurements are on the earlier twin data, random class colours and full-strength palettes, where even raw
+pixels separate the classes poorly; ``separability.py`` shows the random ViT keeping what the pixels hold on
+the current data.)
 """
 
 from __future__ import annotations

@@ -6,16 +6,27 @@ and linear probe trained with three Adams on every client (:class:`~fedlight.cli
 and the server of :class:`~fedlight.strategies.FedCC`. Clients are cities of :class:`~fedlight.data.StreetScenes`
 with their own palettes, textures and class frequencies; the test set comes from further cities.
 
-The backbone is a small ViT with patch 8, randomly initialised (no DINO weights can be had here): its features
-separate classes only weakly, so absolute scores are far below the paper's and only orderings can be compared.
-All its patch features lie near one common direction (cosine ≈ 0.8 between any two), which makes every code
-collapse onto one cluster; the mean feature over the pooled training patches is therefore subtracted once, as
-a frozen part of the backbone (``PatchFeatures.center``). STEGO's shifts b are then re-measured for it: b_self,
-b_knn and b_rand are the mean correlations of the three pairings on 64 training images, b_rand raised by 0.05
-so that random pairs are pushed apart (STEGO tunes b per dataset in the same spirit).
+The backbone is a small ViT with patch 8, randomly initialised (no DINO weights can be had here). The data
+are set so that its frozen features separate the classes (``benchmarks/fuss/separability.py`` measures it):
+classes in well-separated colours and city palettes at a quarter of ``StreetScenes``' default strength
+(``--style-strength``, ``--class-colours``). All its patch features lie near one common direction, which
+makes every code collapse onto one cluster; the mean feature over the pooled training patches is therefore
+subtracted once, as a frozen part of the backbone (``PatchFeatures.center``). STEGO's shifts b are then
+re-measured for it: b_self, b_knn and b_rand are the mean correlations of the three pairings on 64 training
+images, b_rand raised by 0.05 so that random pairs are pushed apart (STEGO tunes b per dataset likewise).
 
-    python benchmarks/fuss/twin.py             # the README's table (about 5 minutes on two busy CPU cores)
-    python benchmarks/fuss/twin.py --reduced   # CI: 12 classes, 3 cities, 2 rounds
+FUSS trains 834 local batches per round on Cityscapes with 3 clients; the twin trains 20. So that the
+centroids M can move as far within a round (834 × 5e-3 ≈ 20 × 0.2) and become client-specific, which is
+what FedCC acts on, M's Adam runs at 0.2 instead of 5e-3 (``--cluster-lr``) and the probe's at 0.05; the
+head keeps FUSS's 5e-4 (0.02 made its codes worse in a probe run). At FUSS's rate, M hardly leaves the
+broadcast centroids in 20 batches, every client's M stays aligned, and FedAvg and FedCC-kMeans give the same
+centroids and the same scores.
+
+Every run writes ``per_image.csv`` (for ``fedlight compare``) and, with ``--figures``, ``centroids.png``
+(the last round's client and server centroids) into its run folder.
+
+    python benchmarks/fuss/twin.py --main-rows-only --seeds 0 1 2 --figures   # the README's table
+    python benchmarks/fuss/twin.py --reduced   # CI: 12 classes, 3 cities, 2 rounds, seed 0
 """
 
 from __future__ import annotations
@@ -23,9 +34,11 @@ from __future__ import annotations
 import argparse
 import time
 
+import numpy as np
 import torch
 
 from fedlight.callbacks import BackboneFeatureCache
+from fedlight.callbacks.per_image_scores import PerImageScores
 from fedlight.clients import UnsupervisedSegmentationClient
 from fedlight.clients.stego import _correlation, sample_at, sample_coordinates
 from fedlight.data import FederatedDataModule, StreetScenes
@@ -33,6 +46,7 @@ from fedlight.data.knn import knn_indices
 from fedlight.models.patch_features import build_patch_backbone
 from fedlight.state import FlatState
 from fedlight.strategies import FedCC
+from fedlight.strategies.fedcc_figures import centroid_maps, plot_centroid_maps
 from fedlight.trainer import FederatedTrainer
 
 
@@ -66,6 +80,9 @@ def run(args, dataset, shifts, center, strategy: FedCC, cache_dir: str) -> tuple
         pretrained=args.pretrained,
         correspondence=shifts,
         feature_samples=args.samples,
+        head_lr=args.head_lr,
+        cluster_lr=args.cluster_lr,
+        probe_lr=args.probe_lr,
     )
     model.backbone.center.copy_(center)
     trainer = FederatedTrainer(
@@ -77,48 +94,13 @@ def run(args, dataset, shifts, center, strategy: FedCC, cache_dir: str) -> tuple
         default_root_dir=f"{cache_dir}/runs",
         eval_every=args.rounds,
         seed=args.seed,
-        callbacks=[BackboneFeatureCache(directory=cache_dir)],
+        callbacks=[BackboneFeatureCache(directory=cache_dir), PerImageScores()],
     )
     return trainer.fit(model, data, strategy), trainer
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reduced", action="store_true", help="CI size: 12 classes, 3 cities, 2 rounds")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cache", default="/tmp/fedlight-fuss-twin", help="where features and runs go")
-    parser.add_argument("--steps", type=int, default=None, help="local batches per round (default 20; 8 reduced)")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds (default 3; 2 reduced)")
-    parser.add_argument("--main-rows-only", action="store_true", help="only the three W+E+C rows")
-    parser.add_argument("--pretrained", default=None, help="weights of the small ViT (pretrain_tiny_vit.py)")
-    args = parser.parse_args()
-    steps, rounds = args.steps, args.rounds
-    torch.set_num_threads(1)
-    if args.reduced:
-        args.classes, args.cities, args.images, args.rounds, args.steps, args.size = 12, 3, 16, 2, 8, 32
-    else:
-        args.classes, args.cities, args.images, args.rounds, args.steps, args.size = 27, 6, 40, 3, 20, 32
-    args.steps, args.rounds = steps or args.steps, rounds or args.rounds
-    args.samples = 7
-    dataset = StreetScenes(
-        num_classes=args.classes,
-        num_cities=args.cities,
-        images_per_city=args.images,
-        num_test_samples=15 * args.cities,
-        image_size=args.size,
-        seed=args.seed,
-    )
-    torch.manual_seed(args.seed)
-    backbone = build_patch_backbone("vit_tiny_patch8", args.size).eval()  # the runs' backbone: same seed
-    if args.pretrained is not None:
-        backbone.load_pretrained(args.pretrained)
-    with torch.no_grad():
-        center = backbone(dataset.load_train().inputs).mean(dim=(0, 2, 3))  # [C] over every training patch
-    backbone.center.copy_(center)
-    shifts = measured_shifts(dataset, backbone, args.samples)
-    setting = f"{args.classes} classes, {args.cities} cities × {args.images} images of {args.size}²"
-    print(f"{setting}, {args.rounds} rounds × {args.steps} batches of 8; measured shifts {shifts}")
-
+def rows_of(args) -> dict[str, FedCC]:
+    """The aggregation rules to compare: the W+E+C rows, then Table 4's E and C modes."""
     rows = {
         "FedAvg (W+E+C)": FedCC(centroids="average"),
         "FedCC-kMeans (W+E+C)": FedCC(centroids="kmeans"),
@@ -129,14 +111,88 @@ def main() -> None:
     ):
         rows[f"{name} (E)"] = FedCC(centroids=rule, aggregated="encoder")
         rows[f"{name} (C)"] = FedCC(centroids=rule, aggregated="centroids")
-    print("\n| run | mIoU % | acc % | linear mIoU % | time s |\n|---|---|---|---|---|")
-    trainer = None
-    for name, strategy in rows.items():
+    if args.modes_only:
+        rows = {name: rule for name, rule in rows.items() if "W+E+C" not in name}
+    return rows
+
+
+def one_seed(args, seed: int) -> tuple[dict[str, list[float]], FederatedTrainer]:
+    """Every row's (mIoU, acc, linear mIoU) in % for one seed of data, backbone and training."""
+    args.seed = seed
+    dataset = StreetScenes(
+        num_classes=args.classes,
+        num_cities=args.cities,
+        images_per_city=args.images,
+        num_test_samples=15 * args.cities,
+        image_size=args.size,
+        style_strength=args.style_strength,
+        class_colours=args.class_colours,
+        seed=seed,
+    )
+    torch.manual_seed(seed)
+    backbone = build_patch_backbone("vit_tiny_patch8", args.size).eval()  # the runs' backbone: same seed
+    if args.pretrained is not None:
+        backbone.load_pretrained(args.pretrained)
+    with torch.no_grad():
+        center = backbone(dataset.load_train().inputs).mean(dim=(0, 2, 3))  # [C] over every training patch
+    backbone.center.copy_(center)
+    shifts = measured_shifts(dataset, backbone, args.samples)
+    print(f"seed {seed}: measured shifts {shifts}", flush=True)
+    scores, trainer = {}, None
+    for name, strategy in rows_of(args).items():
         started = time.perf_counter()
-        metrics, trainer = run(args, dataset, shifts, center, strategy, args.cache)
-        scores = [100 * metrics[f"test/{key}"] for key in ("miou", "acc", "linear/miou")]
+        metrics, trainer = run(args, dataset, shifts, center, strategy, f"{args.cache}/seed{seed}")
+        scores[name] = [100 * metrics[f"test/{key}"] for key in ("miou", "acc", "linear/miou")]
         seconds = time.perf_counter() - started
-        print(f"| {name} | {scores[0]:.2f} | {scores[1]:.1f} | {scores[2]:.2f} | {seconds:.0f} |", flush=True)
+        print(f"  {name}: " + " / ".join(f"{v:.2f}" for v in scores[name]) + f" ({seconds:.0f} s), "
+              f"run folder {trainer.run_dir}", flush=True)  # fmt: skip
+        if args.figures and "W+E+C" in name:  # the last round's client centroids and the server's
+            maps = centroid_maps(strategy.last_client_centroids, trainer.module.centroids.clusters, seed)
+            plot_centroid_maps(maps, trainer.run_dir / "centroids.png", f"{name}, seed {seed}")
+    return scores, trainer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reduced", action="store_true", help="CI size: 12 classes, 3 cities, 2 rounds, 1 seed")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0 1 2; 0 reduced)")
+    parser.add_argument("--cache", default="/tmp/fedlight-fuss-twin", help="where features and runs go")
+    parser.add_argument("--steps", type=int, default=None, help="local batches per round (default 20; 8 reduced)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (default 3; 2 reduced)")
+    parser.add_argument("--main-rows-only", action="store_true", help="only the three W+E+C rows")
+    parser.add_argument("--modes-only", action="store_true", help="only Table 4's E and C rows")
+    parser.add_argument("--pretrained", default=None, help="weights of the small ViT (pretrain_tiny_vit.py)")
+    parser.add_argument("--style-strength", type=float, default=0.25, help="how far the cities' palettes stray")
+    parser.add_argument("--class-colours", default="distinct", choices=["distinct", "random"])
+    parser.add_argument("--head-lr", type=float, default=5e-4, help="Adam lr of the head (FUSS: 5e-4)")
+    parser.add_argument("--cluster-lr", type=float, default=0.2, help="Adam lr of M (FUSS: 5e-3, see above)")
+    parser.add_argument("--probe-lr", type=float, default=0.05, help="Adam lr of the linear probe (FUSS: 5e-3)")
+    parser.add_argument("--figures", action="store_true", help="draw every W+E+C run's centroids (centroids.png)")
+    args = parser.parse_args()
+    steps, rounds = args.steps, args.rounds
+    torch.set_num_threads(1)
+    if args.reduced:
+        args.classes, args.cities, args.images, args.rounds, args.steps, args.size = 12, 3, 16, 2, 8, 32
+    else:
+        args.classes, args.cities, args.images, args.rounds, args.steps, args.size = 27, 6, 40, 3, 20, 32
+    args.steps, args.rounds = steps or args.steps, rounds or args.rounds
+    args.samples = 7
+    seeds = args.seeds if args.seeds is not None else ([0] if args.reduced else [0, 1, 2])
+    setting = f"{args.classes} classes, {args.cities} cities × {args.images} images of {args.size}²"
+    print(f"{setting}, {args.rounds} rounds × {args.steps} batches of 8, style strength {args.style_strength}, "
+          f"{args.class_colours} class colours, seeds {seeds}")  # fmt: skip
+
+    per_seed = []
+    for seed in seeds:
+        scores, trainer = one_seed(args, seed)
+        per_seed.append(scores)
+    print(f"\nmean ± sample std over seeds {seeds} (%)")
+    print("\n| run | mIoU | acc | linear-probe mIoU |\n|---|---|---|---|")
+    for name in per_seed[0]:
+        values = np.array([scores[name] for scores in per_seed])  # [seeds, 3]
+        spread = values.std(axis=0, ddof=1) if len(values) > 1 else np.zeros(3)
+        cells = [f"{m:.2f} ± {s:.2f}" for m, s in zip(values.mean(axis=0), spread, strict=True)]
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
     cache = trainer.callbacks[0].cache
     print(f"\nfeature cache: {cache.nbytes / 2**20:.2f} MiB for {len(cache.stores)} clients "

@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlight.errors import ConfigError
+
 __all__ = [
     "STEGO_PRESETS",
     "ClusterLookup",
@@ -122,7 +124,12 @@ class ClusterLookup(nn.Module):
 
     def __init__(self, num_clusters: int, dim: int, separation_weight: float = 0.0) -> None:
         super().__init__()
-        assert separation_weight == 0 or num_clusters >= 2, "a separation term needs at least two centroids"
+        if separation_weight != 0 and num_clusters < 2:
+            raise ConfigError(
+                f"--model.init_args.separation_weight={separation_weight} pushes distinct centroids apart, but "
+                f"--model.init_args.num_clusters={num_clusters} gives fewer than two. Set num_clusters ≥ 2 "
+                "(null: one per class) or separation_weight to 0."
+            )
         self.clusters = nn.Parameter(torch.randn(num_clusters, dim))
         self.separation_weight = separation_weight
 

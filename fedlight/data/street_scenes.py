@@ -7,7 +7,10 @@ side), and a few objects (cars, people, poles, signs…) standing on it. Classes
 ground, object) that decides where it may appear.
 
 A class looks the same everywhere up to its city: it has a base colour and one of four textures (plain,
-horizontal or vertical stripes, checker) with its own frequency, as in :mod:`fedlight.data.scenes`. A *city*
+horizontal or vertical stripes, checker) with its own frequency, as in :mod:`fedlight.data.scenes`. The base
+colours are by default the 27 points of the grid {0.2, 0.5, 0.8}³ in a seeded order, so any two classes differ
+by at least 0.3 in one channel; ``class_colours="random"`` draws them uniformly instead, which puts some
+classes so close that a city's palette turns one into another and no patch feature can tell them apart. A *city*
 is a client (``groups`` are city ids, so ``Natural`` partitions by city) and differs from the others in
 
 - its palette: a colour transform near the identity (tint, contrast) applied to every class;
@@ -68,6 +71,7 @@ class StreetScenes(FederatedDataset):
         num_test_samples: images of the test set.
         image_size: side S (a multiple of 8 for patch-8 backbones).
         style_strength: how far cities' palettes and textures stray from the shared one (0: identical looks).
+        class_colours: ``distinct`` (a permuted grid of well-separated colours) or ``random`` (uniform draws).
         seed: seed of everything.
     """
 
@@ -80,6 +84,7 @@ class StreetScenes(FederatedDataset):
         num_test_samples: int = 150,
         image_size: int = 64,
         style_strength: float = 1.0,
+        class_colours: Literal["distinct", "random"] = "distinct",
         seed: int = 0,
     ) -> None:
         flag = "--data.dataset.init_args"
@@ -91,6 +96,8 @@ class StreetScenes(FederatedDataset):
                 problems.append(f"Expected {flag}.{name} ≥ 1, got {value}.")
         if num_test_samples > 0 and num_test_cities < 1:
             problems.append(f"Expected {flag}.num_test_cities ≥ 1 for a test set, got {num_test_cities}.")
+        if class_colours not in ("distinct", "random"):
+            problems.append(f"Expected {flag}.class_colours 'distinct' or 'random', got {class_colours!r}.")
         if image_size < 16:
             problems.append(f"Expected {flag}.image_size ≥ 16 pixels, got {image_size}.")
         if problems:
@@ -100,6 +107,7 @@ class StreetScenes(FederatedDataset):
         self.num_cities, self.images_per_city = num_cities, images_per_city
         self.num_test_cities, self.num_test_samples = num_test_cities, num_test_samples
         self.image_size, self.style_strength, self.seed = image_size, style_strength, seed
+        self.class_colours = class_colours
         self.input_shape = (3, image_size, image_size)
         self.roles = {role: [self.class_names.index(c) for c in names if c in self.class_names]
                       for role, names in _ROLES.items()}  # fmt: skip
@@ -123,6 +131,10 @@ class StreetScenes(FederatedDataset):
         """Every class's base colour ``[C, 3]``, texture kind ``[C]`` (0…3) and stripe frequency ``[C]``."""
         g = self._generator(_STYLE_STREAM)
         colours = 0.15 + 0.7 * torch.rand(self.num_classes, 3, generator=g)
+        if self.class_colours == "distinct":
+            levels = torch.tensor([0.2, 0.5, 0.8])
+            grid = torch.cartesian_prod(levels, levels, levels)  # [27, 3]
+            colours = grid[torch.randperm(len(grid), generator=g)[: self.num_classes]]
         textures = torch.arange(self.num_classes) % 4
         frequencies = 2.0 + 4.0 * torch.rand(self.num_classes, generator=g)
         return colours, textures, frequencies

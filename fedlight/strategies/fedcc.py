@@ -89,6 +89,7 @@ class FedCC(Strategy):
         self.centroid_key, self.normalize = centroid_key, normalize
         self.kmeans_seed, self.kmeans_n_init, self.maximin_start = kmeans_seed, kmeans_n_init, maximin_start
         self.own_centroids: dict[int, torch.Tensor] = {}  # client → [n, D] its last local M (mode E)
+        self.last_client_centroids: dict[int, torch.Tensor] = {}  # client → [n, D] of the last round (any mode)
         self.own_states: dict[int, torch.Tensor] = {}  # client → [P] its last local state (mode C)
         self._mask: torch.Tensor | None = None  # [P] bool, M's entries in the flat state
         self._batch_size = 1
@@ -156,7 +157,8 @@ class FedCC(Strategy):
         return maximin_select(rows, num_clusters, start)
 
     def on_round_end(self, context: RunContext, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
-        """Keeps what clients hold on to in modes E and C."""
+        """Keeps what clients hold on to in modes E and C, and every client's last centroids (for pictures)."""
+        self.last_client_centroids = {update.client: update.payload["centroids"] for update in updates}
         for update in updates:
             if self.aggregated == "encoder":
                 self.own_centroids[update.client] = update.payload["centroids"]

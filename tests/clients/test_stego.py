@@ -15,6 +15,7 @@ from fedlight.clients.stego import (
     sample_at,
     super_perm,
 )
+from fedlight.errors import ConfigError
 
 WEIGHTS = CorrespondenceWeights(lambda_self=1.0, lambda_knn=0.5, lambda_rand=0.25, b_self=0.4, b_knn=0.2, b_rand=0.3)
 
@@ -192,3 +193,9 @@ def test_separation_term_adds_the_mean_cosine_of_distinct_centroids():
     codes = torch.tensor([1.0, 0.0]).view(1, 2, 1, 1)  # best similarity 1
     # distinct pairs: cos = 0, 1/√2, 1/√2 → mean √2/3
     assert lookup.loss(codes).item() == pytest.approx(-1 + 0.5 * math.sqrt(2) / 3)
+
+
+def test_a_separation_term_with_one_centroid_names_both_flags():
+    with pytest.raises(ConfigError, match=r"separation_weight=0\.5.*num_clusters=1"):
+        ClusterLookup(num_clusters=1, dim=2, separation_weight=0.5)
+    assert ClusterLookup(num_clusters=1, dim=2).clusters.shape == (1, 2)  # no term, no problem

@@ -53,3 +53,20 @@ def test_bad_settings_are_reported_together():
     with pytest.raises(ConfigError) as err:
         StreetScenes(num_classes=19, num_cities=0)
     assert len(err.value.problems) == 2
+
+
+def test_distinct_class_colours_are_a_permuted_grid_at_least_0_3_apart():
+    colours = StreetScenes(num_classes=27)._classes()[0]  # [27, 3]
+    levels = {0.2, 0.5, 0.8}
+    assert {tuple(round(v, 4) for v in c.tolist()) for c in colours} == {
+        (a, b, c) for a in levels for b in levels for c in levels
+    }  # every grid point once
+    gaps = torch.cdist(colours, colours, p=float("inf")) + torch.eye(27)  # largest channel difference
+    assert gaps.min() >= 0.3 - 1e-6
+    drawn = StreetScenes(num_classes=27, class_colours="random")._classes()[0]
+    assert (torch.cdist(drawn, drawn, p=float("inf")) + torch.eye(27)).min() < 0.3  # uniform draws crowd
+
+
+def test_unknown_class_colours_name_the_flag():
+    with pytest.raises(ConfigError, match="class_colours"):
+        StreetScenes(class_colours="pastel")
