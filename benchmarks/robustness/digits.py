@@ -137,20 +137,20 @@ def fit(job: dict) -> dict:
     }
 
 
-def mean_std(values: list[float]) -> str:
-    """``mean ± std`` (sample standard deviation) of the seeds' accuracies, or the value of a single seed.
+def mean_std(values: list[float], seeds: int = 1) -> str:
+    """``mean ± std`` (sample standard deviation) of the seeds' accuracies, or the value of a single seed; a cell
+    with fewer than ``seeds`` runs says how many it has.
 
-    >>> mean_std([60.0, 62.0, 64.0]), mean_std([50.0])
-    ('62.0 ± 2.0', '50.0')
+    >>> mean_std([60.0, 62.0, 64.0], 3), mean_std([50.0]), mean_std([50.0], 3)
+    ('62.0 ± 2.0', '50.0', '50.0 (1 seed)')
     """
     if not values:
         return "–"
-    if len(values) == 1:
-        return f"{values[0]:.1f}"
-    return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+    cell = f"{values[0]:.1f}" if len(values) == 1 else f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+    return cell if len(values) >= seeds else f"{cell} ({len(values)} seed{'s' if len(values) > 1 else ''})"
 
 
-def table(results: list[dict], aggregators, attacks, fractions) -> str:
+def table(results: list[dict], aggregators, attacks, fractions, seeds: int = 1) -> str:
     lines = []
     for attack in attacks:
         lines.append(f"\n**{attack}** (accuracy %, columns: attackers per round)\n")
@@ -164,12 +164,12 @@ def table(results: list[dict], aggregators, attacks, fractions) -> str:
                     if r["kind"] == "robust" and r["aggregator"] == aggregator
                     and (r["fraction"] == fraction == 0 or (r["attack"] == attack and r["fraction"] == fraction))
                 ]  # fmt: skip
-                cells.append(mean_std(found))
+                cells.append(mean_std(found, seeds))
             lines.append(f"| {aggregator} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def dp_table(results: list[dict]) -> str:
+def dp_table(results: list[dict], seeds: int = 1) -> str:
     lines = ["\n**DP-FedAvg** (adaptive clipping, γ = 0.5, δ = 1e-5, q = 0.1)\n", "| z | ε | accuracy % |"]
     lines.append("|---:|---:|---:|")
     dp = [r for r in results if r["kind"] == "dp"]
@@ -177,7 +177,7 @@ def dp_table(results: list[dict]) -> str:
         runs = [r for r in dp if r["noise_multiplier"] == z]
         epsilon = runs[0]["epsilon"]  # the same for every seed: it depends on q, z, T and δ only
         epsilon = "∞" if epsilon is None or epsilon == float("inf") else f"{epsilon:.2f}"
-        lines.append(f"| {z} | {epsilon} | {mean_std([r['acc'] for r in runs])} |")
+        lines.append(f"| {z} | {epsilon} | {mean_std([r['acc'] for r in runs], seeds)} |")
     return "\n".join(lines)
 
 
@@ -241,9 +241,9 @@ def main() -> None:
         f"{args.dataset}{'' if classes is None else f', {classes} classes per client'}, T = {rounds}, F = {epochs}, "
         f"lr {lr}, seeds {seeds} (mean ± std over seeds): {len(results)} runs, "
         f"{seconds:.0f} s of run time ({elapsed:.0f} s of wall time in this invocation, {args.jobs} jobs)\n"
-        + table(results, aggregators, attacks, fractions)
+        + table(results, aggregators, attacks, fractions, len(args.seeds))
         + "\n"
-        + dp_table(results)
+        + dp_table(results, len(args.seeds))
     )
     stem = (
         logs[args.seeds[0]].stem
