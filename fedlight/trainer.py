@@ -646,7 +646,9 @@ class FederatedTrainer:
         chunks = states.chunks([u.client for u in aggregated], self.global_state, budget, self.fabric.global_rank)
         new_state = self.strategy.aggregate_chunks(self.global_state, chunks, aggregated)
         self.gather_peak_nbytes = chunks.peak_nbytes
-        if chunks.peak_nbytes > budget and chunks.width < chunks.numel and not self._warned_whole_states:
+        one_column = chunks.num_clients * self.global_state.element_size()  # the smallest block there is
+        whole = chunks.width < chunks.numel and chunks.peak_nbytes > max(budget, one_column)
+        if whole and not self._warned_whole_states:
             self._warned_whole_states = True
             warnings.warn(
                 f"{type(self.strategy).__name__} read the round's {chunks.num_clients} client states whole "

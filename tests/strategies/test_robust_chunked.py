@@ -150,6 +150,12 @@ def test_gathering_rules_see_the_client_weights(tmp_path):
     assert trainer.global_state.item() == pytest.approx((2 * 1.0 + 3 * 2.0 + 4 * 7.0) / 9)
 
 
+def test_a_rule_that_needs_whole_states_reads_them_whole_with_a_warning(tmp_path):
+    with pytest.warns(UserWarning, match="gather_budget_mb"):
+        trainer = fit_images(tmp_path, WeightedMeanOfGathered(), budget_mb=TINY / 2**20)
+    assert trainer.gather_peak_nbytes == 7 * trainer.layout.numel * 4
+
+
 def test_a_budget_that_is_not_positive_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="gather_budget_mb"):
         FederatedTrainer(gather_budget_mb=0, default_root_dir=tmp_path)
