@@ -170,9 +170,11 @@ def table(results: list[dict], aggregators, attacks, fractions, seeds: int = 1) 
 
 
 def dp_table(results: list[dict], seeds: int = 1) -> str:
+    dp = [r for r in results if r["kind"] == "dp"]
+    if not dp:
+        return ""
     lines = ["\n**DP-FedAvg** (adaptive clipping, γ = 0.5, δ = 1e-5, q = 0.1)\n", "| z | ε | accuracy % |"]
     lines.append("|---:|---:|---:|")
-    dp = [r for r in results if r["kind"] == "dp"]
     for z in sorted({r["noise_multiplier"] for r in dp}):
         runs = [r for r in dp if r["noise_multiplier"] == z]
         epsilon = runs[0]["epsilon"]  # the same for every seed: it depends on q, z, T and δ only
