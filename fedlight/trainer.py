@@ -684,8 +684,9 @@ class FederatedTrainer:
     def _local_fits(self, round_idx: int, plans: list[ClientPlan]):
         """Trains this process's share of the round's clients and streams their states into the sums.
 
-        Returns every process's updates (sorted by client), the all-reduced sums, the states of rules that
-        gather them, and the largest value of each integer buffer among the clients.
+        Returns every process's updates (sorted by client), the all-reduced sums, for rules that gather states this
+        process's clients' states (and which process holds which), and the largest value of each integer buffer
+        among the clients.
         """
         fabric, strategy, data, bank = self.fabric, self.strategy, self.datamodule, self.bank
         training = [p for p in plans if not p.dropped]
