@@ -8,9 +8,9 @@ with one ``torch.func.vmap`` of ``grad`` over the client's own ``training_step``
 
 What stays exactly as in the sequential loop:
 
-- every client draws the batches it would draw alone (its own generator, its own epochs), and its
-  ``training_step`` averages over its own batch: clients whose batches differ in size at a step (an
-  epoch's short last batch) are vectorised in separate groups;
+- every client draws the batches it would draw alone (its own generator, its own epochs, each batch passed
+  through the strategy's ``transform_batch``), and its ``training_step`` averages over its own batch: clients
+  whose batches differ in size at a step (an epoch's short last batch) are vectorised in separate groups;
 - each client's optimizer state is its own slice of the stacked state, created fresh every round; the
   optimizers allowed (SGD, Adam, AdamW) update element by element, and all clients still training at a
   step have taken the same number of steps, so one stacked step is K independent steps;
@@ -42,6 +42,7 @@ from fedlight.strategies.base import Strategy
 #: Optimizers whose update is element-wise, so one step on stacked tensors is one step per client.
 ELEMENTWISE_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 #: Strategy hooks that run on the client's module during its fit: a strategy overriding one is not batched.
+#: (``transform_batch`` is not one: it rewrites the batches before they are stacked.)
 _CLIENT_HOOKS = ("client_teachers", "on_client_fit_start", "training_loss", "on_client_fit_end")
 
 

@@ -50,6 +50,7 @@ from fedlight.context import RunContext
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.distributed import ClientParallelStrategy, assign_clients
 from fedlight.errors import ConfigError, RunInterrupted
+from fedlight.gather import ClientStates
 from fedlight.loggers import RoundCSV, client_spread, histogram_metrics, scalar_metrics, wandb_logger
 from fedlight.rundir import RunLock, check_root, new_version_dir, remove_temporaries
 from fedlight.state import FlatState, freeze_modes, freeze_parameters
@@ -131,6 +132,13 @@ class FederatedTrainer:
             diverging local fit (a learning rate far too high), not from data. ``null`` turns the check off.
         rewind: let ``--ckpt_path`` continue a run folder whose own last checkpoint is of a later round; its
             later rounds are then replaced. Without it such a resume is refused, so nothing is lost by mistake.
+        gather_budget_mb: for rules that gather every client's state (robust aggregators, FedAtt), the most
+            memory, in MiB, that one gathered block of the round's ``[K, P]`` states may take on a process. Each
+            process keeps its own clients' states on its CPU; when K × P × 4 bytes exceed the budget, rules that
+            work by blocks (the robust aggregators, ALIE and IPM) read the states a block of columns at a time,
+            gathered from all processes, so no process holds every client's whole state. Rules that need whole
+            states read them at once whatever the budget, with a warning. ``trainer.gather_peak_nbytes`` reports
+            the largest block of the last round.
     """
 
     def __init__(
@@ -164,6 +172,7 @@ class FederatedTrainer:
         init_from: str | Path | None = None,
         max_update_ratio: float | None = 1000.0,
         rewind: bool = False,
+        gather_budget_mb: float = 1024.0,
     ) -> None:
         problems = []
         for flag, value in [
@@ -200,6 +209,11 @@ class FederatedTrainer:
             problems.append(
                 f"Expected --trainer.max_update_ratio > 0 (or null to accept any update), got {max_update_ratio}."
             )
+        if not gather_budget_mb > 0:
+            problems.append(
+                f"Expected --trainer.gather_budget_mb > 0 (MiB of gathered client states per block), got "
+                f"{gather_budget_mb}; the default 1024 holds 10 states of 26 M parameters in one block."
+            )
         problems += check_root(Path(default_root_dir), name)
         if problems:
             raise ConfigError(*problems)
@@ -208,6 +222,7 @@ class FederatedTrainer:
         self._batching: BatchedLocalFit | str | None = None  # the vectorised fit, or why it cannot run
         self.max_update_ratio = max_update_ratio
         self.rewind = rewind
+        self.gather_budget_mb = gather_budget_mb
         self.rounds = rounds
         self.clients_per_round = clients_per_round
         self.local_epochs = local_epochs
@@ -247,6 +262,9 @@ class FederatedTrainer:
         self._frozen_state: dict[str, torch.Tensor] = {}
         #: bytes of the last round's aggregation buffers: W^t (fp32) and the streamed sums (fp64)
         self.aggregation_nbytes = 0
+        #: bytes of the largest block of gathered client states the last round read (rules with gather_states)
+        self.gather_peak_nbytes = 0
+        self._warned_whole_states = False
         self.context = RunContext(self)
         self.console = RunConsole(enabled=False, progress_bar=False)  # fit sets up the run's own
         self._forked = False  # true inside the processes that start_method=fork created
@@ -657,14 +675,31 @@ class FederatedTrainer:
                 stacklevel=1,
             )
         elif self.strategy.gather_states:
-            stacked = torch.stack([states[u.client] for u in aggregated]).to(self.fabric.device)  # [K, P]
-            self.global_state = self.strategy.aggregate_states(self.global_state, stacked, aggregated)
+            self.global_state = self._aggregate_gathered(states, aggregated)
         else:
             self.global_state = self._aggregate(sums, aggregated)
         self.global_integers.update(integers)
         if not _all_finite(self.global_state):
             raise self._diverged(round_idx)
         return self._round_metrics(round_idx, plans, updates, aggregated)
+
+    def _aggregate_gathered(self, states: ClientStates, aggregated: list[ClientUpdate]) -> torch.Tensor:
+        """W^{t+1} of a rule that gathers states, reading them in blocks within ``gather_budget_mb``."""
+        budget = self.gather_budget_mb * 2**20
+        chunks = states.chunks([u.client for u in aggregated], self.global_state, budget, self.fabric.global_rank)
+        new_state = self.strategy.aggregate_chunks(self.global_state, chunks, aggregated)
+        self.gather_peak_nbytes = chunks.peak_nbytes
+        one_column = chunks.num_clients * self.global_state.element_size()  # the smallest block there is
+        whole = chunks.width < chunks.numel and chunks.peak_nbytes > max(budget, one_column)
+        if whole and not self._warned_whole_states:
+            self._warned_whole_states = True
+            warnings.warn(
+                f"{type(self.strategy).__name__} read the round's {chunks.num_clients} client states whole "
+                f"({chunks.peak_nbytes / 2**20:.0f} MiB), beyond --trainer.gather_budget_mb={self.gather_budget_mb:g}: "
+                "it does not aggregate by blocks of columns.",
+                stacklevel=1,
+            )
+        return new_state
 
     def _diverged(self, round_idx: int) -> ConfigError:
         last = None if self.run_dir is None else self.run_dir / "checkpoints" / ckpt_io.LAST
@@ -692,8 +727,9 @@ class FederatedTrainer:
     def _local_fits(self, round_idx: int, plans: list[ClientPlan]):
         """Trains this process's share of the round's clients and streams their states into the sums.
 
-        Returns every process's updates (sorted by client), the all-reduced sums, the states of rules that
-        gather them, and the largest value of each integer buffer among the clients.
+        Returns every process's updates (sorted by client), the all-reduced sums, for rules that gather states this
+        process's clients' states (and which process holds which), and the largest value of each integer buffer
+        among the clients.
         """
         fabric, strategy, data, bank = self.fabric, self.strategy, self.datamodule, self.bank
         training = [p for p in plans if not p.dropped]
@@ -704,7 +740,7 @@ class FederatedTrainer:
         )
         self.aggregation_nbytes = self.global_state.nbytes + sums.nbytes
         integers: dict[str, torch.Tensor] = {}  # the largest value of each integer buffer among clients
-        states: dict[int, torch.Tensor] = {}  # only for rules that need every state
+        states = ClientStates()  # this process's clients' states, only for rules that gather them
         updates = []
         for update, state in self._client_fits(round_idx, mine):
             updates.append(update)
@@ -718,10 +754,10 @@ class FederatedTrainer:
             if self._outsized(round_idx, update, state):
                 continue
             _merge_max(integers, self.layout.integers(self.module))
-            if strategy.gather_states:
-                states[update.client] = state.cpu()
-                continue
             update.weights = tuple(float(w) for w in strategy.client_weights(update))
+            if strategy.gather_states:
+                states.own[update.client] = state.cpu()
+                continue
             sums.add(state, update.weights, self._cluster_of(update.client))
 
         if fabric.world_size > 1:
@@ -729,8 +765,8 @@ class FederatedTrainer:
             updates = [u for rank_updates in self.all_gather_objects(updates) for u in rank_updates]
             for rank_integers in self.all_gather_objects(integers):
                 _merge_max(integers, rank_integers)
-            if strategy.gather_states:
-                states = {c: s for rank_states in self.all_gather_objects(states) for c, s in rank_states.items()}
+            if strategy.gather_states:  # who holds which state; the states stay where they are
+                states.owners = self.all_gather_objects(sorted(states.own))
         updates.sort(key=lambda u: u.client)
         return updates, sums, states, integers
 
@@ -912,14 +948,17 @@ class FederatedTrainer:
         return steps
 
     def _local_batches(self, plan: ClientPlan, generator: torch.Generator) -> Iterator[Any]:
-        """A client's batches of one round: ``plan.epochs`` epochs, or ``local_steps`` full batches.
+        """A client's batches of one round: ``plan.epochs`` epochs, or ``local_steps`` full batches, each passed
+        through the strategy's ``transform_batch``.
 
         With ``local_steps``, an epoch's short last batch is skipped, as FedAU's sampler does (a batch of
         one image would also break BatchNorm), unless it is all the client has.
         """
+        strategy, context, client = self.strategy, self.context, plan.client
         if self.local_steps is None:
             for _ in range(plan.epochs):
-                yield from self.datamodule.train_batches(plan.client, generator)
+                for batch in self.datamodule.train_batches(client, generator):
+                    yield strategy.transform_batch(context, client, batch)
             return
         batch_size = min(self.datamodule.batch_size, int(self.datamodule.num_samples[plan.client]))
         steps = 0
@@ -927,7 +966,7 @@ class FederatedTrainer:
             for batch in self.datamodule.train_batches(plan.client, generator):
                 if len(batch[1]) < batch_size:
                     continue
-                yield batch
+                yield strategy.transform_batch(context, client, batch)
                 steps += 1
                 if steps == self.local_steps:
                     return

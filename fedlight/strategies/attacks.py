@@ -7,7 +7,8 @@ An attacker's update is Δ_k = θ_k − W^t, transformed as (s is ``scale``):
 - ``gaussian``: Δ ← s·ξ, ξ ~ N(0, I), the Gaussian Byzantine worker of Blanchard et al., NeurIPS 2017 (Sec. 5);
   on the client, from a stream derived from the client's own ``(seed, round, client)`` seed.
 - ``label_flip``: the client trains on flipped labels y ← C − 1 − y (Fang et al. 2020; Tolpegin et al.,
-  ESORICS 2020); labels ≥ C (an ignore index such as 255) are kept.
+  ESORICS 2020); labels ≥ C (an ignore index such as 255) are kept. The batches are rewritten as they are drawn
+  (:meth:`~fedlight.strategies.Strategy.transform_batch`), so the client's own ``training_step`` runs unchanged.
 - ``alie``: *A Little Is Enough*, Baruch, Baruch & Goldberg, NeurIPS 2019: every attacker sends μ − z·σ, the
   coordinate-wise mean and standard deviation of the round's honest updates, with
   z = Φ⁻¹((K − s)/K), s = ⌊K/2 + 1⌋ − m for m attackers of K clients, unless ``scale`` sets z;
@@ -15,7 +16,9 @@ An attacker's update is Δ_k = θ_k − W^t, transformed as (s is ``scale``):
   −ε·μ with ε = ``scale`` (0.1 by default, the paper's setting against Krum and the median).
 
 ALIE and IPM read the honest updates of the round, so they run in the aggregation step, where the states are
-gathered (``gather_states``); the other attacks run on the client and work with any rule, gathered or not.
+gathered (``gather_states``); they need only the honest updates' per-coordinate mean and standard deviation, so
+they rewrite the attackers' rows block by block as the engine reads the states in column blocks. The other
+attacks run on the client and work with any rule, gathered or not.
 Attacks change parameters only: floating-point buffers (BatchNorm statistics) stay the client's, since a flipped
 or noisy running variance is negative or meaningless rather than adversarial.
 
@@ -35,8 +38,9 @@ import numpy as np
 import torch
 
 from fedlight.errors import ConfigError
-from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
+from fedlight.strategies.base import ClientPlan, ClientUpdate, StateChunks, Strategy
 from fedlight.strategies.fedavg import FedAvg
+from fedlight.strategies.robust_functional import row_sum
 from fedlight.strategies.wrapper import RuleWrapper
 
 if TYPE_CHECKING:
@@ -63,11 +67,16 @@ def alie_z(num_clients: int, num_attackers: int) -> float:
 def alie_update(honest: torch.Tensor, z: float) -> torch.Tensor:
     """ALIE's malicious update μ − z·σ from ``[H, P]`` honest updates (σ unbiased; 0 with one honest update).
 
+    Sums run row by row (:func:`~fedlight.strategies.robust_functional.row_sum`), so a block of columns gives the
+    same bits as the whole states.
+
     >>> alie_update(torch.tensor([[1.0, 0.0], [3.0, 0.0]]), z=2.0).tolist()  # μ = (2, 0), σ = (√2, 0)
     [-0.8284270763397217, 0.0]
     """
-    correction = 1 if honest.shape[0] > 1 else 0
-    return honest.mean(dim=0) - z * honest.std(dim=0, correction=correction)
+    count = honest.shape[0]
+    mean = row_sum(honest) / count
+    variance = row_sum((honest - mean).square()) / max(count - 1, 1)
+    return mean - z * variance.sqrt()
 
 
 def ipm_update(honest: torch.Tensor, epsilon: float) -> torch.Tensor:
@@ -76,7 +85,7 @@ def ipm_update(honest: torch.Tensor, epsilon: float) -> torch.Tensor:
     >>> ipm_update(torch.tensor([[1.0, 2.0], [3.0, -2.0]]), epsilon=0.5).tolist()
     [-1.0, -0.0]
     """
-    return -epsilon * honest.mean(dim=0)
+    return -epsilon * (row_sum(honest) / honest.shape[0])
 
 
 def flip_labels(targets: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -157,25 +166,20 @@ class Attack(RuleWrapper):
     # -- client-side attacks ----------------------------------------------------------------------------
     def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
         self.rule.on_client_fit_start(context, module, plan)
-        if plan.client not in self.attackers:
-            return
-        if self.kind in ("sign_flip", "gaussian"):
+        if plan.client in self.attackers and self.kind in ("sign_flip", "gaussian"):
             self._start = context.layout.flatten(module)
-        elif self.kind == "label_flip":
-            honest_step, num_classes = module.training_step, self._num_classes
 
-            def training_step_on_flipped_labels(batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
-                inputs, targets, *rest = batch
-                return honest_step((inputs, flip_labels(targets, num_classes), *rest), batch_idx)
-
-            module.training_step = training_step_on_flipped_labels  # shadows the method for this fit only
+    def transform_batch(self, context: RunContext, client: int, batch: Any) -> Any:
+        """The rule's batch; an attacking client's labels flipped (``label_flip``)."""
+        batch = self.rule.transform_batch(context, client, batch)
+        if self.kind != "label_flip" or client not in self.attackers:
+            return batch
+        inputs, targets, *rest = batch
+        return (inputs, flip_labels(targets, self._num_classes), *rest)
 
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
-        if update.client in self.attackers:
-            if self.kind == "label_flip":
-                del module.training_step  # the class's own method again
-            elif self.kind in ("sign_flip", "gaussian"):
-                self._poison(context, module, update.client)
+        if update.client in self.attackers and self.kind in ("sign_flip", "gaussian"):
+            self._poison(context, module, update.client)
         self.rule.on_client_fit_end(context, module, update)
 
     def _poison(self, context: RunContext, module: LightningModule, client: int) -> None:
@@ -194,28 +198,40 @@ class Attack(RuleWrapper):
         self._start = None
 
     # -- aggregation-side attacks -----------------------------------------------------------------------
-    def aggregate_states(
-        self, global_state: torch.Tensor, states: torch.Tensor, updates: list[ClientUpdate]
+    def aggregate_chunks(
+        self, global_state: torch.Tensor, states: StateChunks, updates: list[ClientUpdate]
     ) -> torch.Tensor:
         attacking = [i for i, u in enumerate(updates) if u.client in self.attackers]
         honest = [i for i, u in enumerate(updates) if u.client not in self.attackers]
         if self.kind in _AGGREGATION_ATTACKS and attacking and honest:
-            states = self.poison_states(global_state, states, attacking, honest)
-        return super().aggregate_states(global_state, states, updates)
+
+            def poison(columns: slice, block: torch.Tensor) -> torch.Tensor:
+                return self.poison_block(global_state, columns, block, attacking, honest)
+
+            states = states.map(poison)
+        return super().aggregate_chunks(global_state, states, updates)
 
     def poison_states(
         self, global_state: torch.Tensor, states: torch.Tensor, attacking: list[int], honest: list[int]
     ) -> torch.Tensor:
         """``[K, P]`` states whose ``attacking`` rows carry ALIE's or IPM's update computed from the ``honest`` rows."""
-        updates = states - global_state.to(states)  # [K, P] Δ_k
+        return self.poison_block(global_state, slice(0, states.shape[1]), states, attacking, honest)
+
+    def poison_block(
+        self, global_state: torch.Tensor, columns: slice, block: torch.Tensor, attacking: list[int], honest: list[int]
+    ) -> torch.Tensor:
+        """The ``[K, c]`` columns ``columns`` of the states with the ``attacking`` rows replaced by ALIE's or IPM's
+        update, which is coordinate-wise in the ``honest`` rows' updates."""
+        start = global_state[columns].to(block)
+        updates = block - start  # [K, c] Δ_k
         if self.kind == "alie":
             z = alie_z(len(attacking) + len(honest), len(attacking)) if self.scale is None else self.scale
             malicious = alie_update(updates[honest], z)
         else:
             malicious = ipm_update(updates[honest], 0.1 if self.scale is None else self.scale)
-        is_parameter = self._is_parameter.to(states.device)
-        poisoned = states.clone()
-        poisoned[attacking] = torch.where(is_parameter, global_state.to(states) + malicious, states[attacking])
+        is_parameter = self._is_parameter[columns].to(block.device)
+        poisoned = block.clone()
+        poisoned[attacking] = torch.where(is_parameter, start + malicious, block[attacking])
         return poisoned
 
     def on_round_end(self, context: RunContext, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:

@@ -11,9 +11,11 @@ The trainer's round loop fires the hooks below by name, in this order; ``ctx`` i
                                                      or its cluster's member of the bank)
         client_teachers(ctx, plan)                   frozen models handed to the client's loss
         on_client_fit_start(ctx, module, plan)       client, after the state is loaded
+        transform_batch(ctx, client, batch)          client, every local batch as it is drawn
         training_loss(module, batch, outputs)        client, every local step
         on_client_fit_end(ctx, module, update)       client, fills update.payload
         client_weights(update)                       unnormalised weights of k's state
+    aggregate_chunks(W^t, states, updates)           server, rules with gather_states (instead of the sum)
     server_update(W^t, aggregate, updates)           server, after the weighted sum
     on_round_end(ctx, t, updates) -> metrics         server, every update's payload in hand
     route(ctx, batch, split)                         evaluation, for clustered rules that route samples
@@ -23,8 +25,18 @@ one flat buffer and one all-reduce across ranks, while clients finish, so no cli
 past its own local fit. A rule with ``weight_channels = m > 1`` gives each client ``m`` weights and
 gets back ``Σ_j c_j · (Σ_k w_kj θ_k) / (Σ_k w_kj)`` with the coefficients ``c`` of
 :meth:`channel_coefficients`; that expresses normalised mixtures such as FedProto's
-``(a_agg + a_loc)/2``. Rules that need every client's state at once (median, Krum, FedCC's centroid
-matching) set ``gather_states = True`` and implement :meth:`aggregate_states`.
+``(a_agg + a_loc)/2``. Rules that need every client's state at once (median, Krum, FedAtt) set
+``gather_states = True`` and implement :meth:`aggregate_states` on the ``[K, P]`` states.
+
+**Gathered states in chunks.** The engine hands a gathering rule the round's states as :class:`StateChunks`:
+the ``[K, P]`` matrix read a block of columns ``[K, c]`` at a time, each block gathered from the processes that
+hold its rows, with ``c`` chosen so that one block fits ``--trainer.gather_budget_mb`` (all P columns, one block,
+when the whole matrix does). A rule that can work block by block implements :meth:`aggregate_chunks`:
+coordinate-wise rules (median, trimmed mean) apply themselves to every block (:meth:`StateChunks.apply`), rules
+that compare whole states sum a per-block quantity over one pass (Krum's ``[K, K]`` squared distances) and
+combine the rows they select in a second pass (:meth:`StateChunks.rows`), and a wrapper that rewrites rows
+(ALIE's attackers) does so in every block as it is read (:meth:`StateChunks.map`). The default
+:meth:`aggregate_chunks` reads everything at once (:meth:`StateChunks.full`) and calls :meth:`aggregate_states`.
 
 **Clusters.** A rule with cluster-specific layers (LADD) returns its number of clusters from
 :meth:`num_clusters`, names the entries kept per cluster in ``cluster_layers`` (see
@@ -47,7 +59,7 @@ containers of them, so checkpoints load with ``weights_only=True``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -61,6 +73,73 @@ if TYPE_CHECKING:
     from torch import nn
 
     from fedlight.context import RunContext
+
+
+class StateChunks:
+    """The round's ``[K, P]`` client states, one row per aggregated client (in the order of ``updates``), read in
+    blocks of ``width`` columns.
+
+    Only the block being read is in memory; the engine gathers it from the processes that hold its rows.
+    :attr:`peak_nbytes` is the size of the largest block read so far.
+
+    Args:
+        read: returns the ``[K, stop − start]`` columns ``columns`` of the states.
+        num_clients: K.
+        numel: P.
+        width: columns per block (clipped to [1, P]).
+
+    >>> chunks = StateChunks.of(torch.tensor([[1.0, 2.0, 3.0], [3.0, 4.0, 9.0]]), width=2)
+    >>> [columns for columns, _ in chunks]
+    [slice(0, 2, None), slice(2, 3, None)]
+    >>> chunks.apply(lambda block: block.mean(dim=0)).tolist(), chunks.peak_nbytes
+    ([2.0, 3.0, 6.0], 16)
+    """
+
+    def __init__(self, read: Callable[[slice], torch.Tensor], num_clients: int, numel: int, width: int) -> None:
+        self._read = read
+        self.num_clients = num_clients
+        self.numel = numel
+        self.width = max(1, min(width, numel))
+        self.peak_nbytes = 0
+
+    @classmethod
+    def of(cls, states: torch.Tensor, width: int | None = None) -> StateChunks:
+        """The chunks of states already in memory (``[K, P]``); one block unless ``width`` is given."""
+        return cls(lambda columns: states[:, columns], states.shape[0], states.shape[1], width or states.shape[1])
+
+    def read(self, columns: slice) -> torch.Tensor:
+        """``[K, c]``: the columns ``columns`` of every client's state."""
+        block = self._read(columns)
+        self.peak_nbytes = max(self.peak_nbytes, block.nbytes)
+        return block
+
+    def __iter__(self) -> Iterator[tuple[slice, torch.Tensor]]:
+        """``(columns, [K, c] block)`` for consecutive blocks of ``width`` columns, left to right."""
+        for start in range(0, self.numel, self.width):
+            columns = slice(start, min(start + self.width, self.numel))
+            yield columns, self.read(columns)
+
+    def full(self) -> torch.Tensor:
+        """All ``[K, P]`` states at once, whatever the budget (for rules that cannot work by blocks)."""
+        return self.read(slice(0, self.numel))
+
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``[P]``: a coordinate-wise ``fn`` (``[K, c] → [c]``) applied to every block, the results laid end to end."""
+        return torch.cat([fn(block) for _, block in self])
+
+    def map(self, fn: Callable[[slice, torch.Tensor], torch.Tensor]) -> StateChunks:
+        """The states with every block replaced by ``fn(columns, block)`` (same shape) as it is read."""
+        return StateChunks(lambda columns: fn(columns, self.read(columns)), self.num_clients, self.numel, self.width)
+
+    def rows(self, index: Sequence[int] | torch.Tensor) -> StateChunks:
+        """The states of the rows ``index`` only (e.g. the clients Krum selected), in that order."""
+        index = torch.as_tensor(index, dtype=torch.long)
+
+        def read(columns: slice) -> torch.Tensor:
+            block = self.read(columns)
+            return block[index.to(block.device)]
+
+        return StateChunks(read, len(index), self.numel, self.width)
 
 
 class Strategy:
@@ -130,6 +209,14 @@ class Strategy:
     def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
         """Called with the received state loaded and the module in train mode, before the first step."""
 
+    def transform_batch(self, context: RunContext, client: int, batch: Any) -> Any:
+        """Returns the local training batch client ``client`` trains on, from the one its data gave (default: as is).
+
+        Called on every batch of a round's local fit, as it is drawn, before ``training_step`` (in the sequential
+        and the vectorised loop alike); e.g. an attacker's flipped labels. It must not change the batch's size.
+        """
+        return batch
+
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Returns the loss to minimise; ``outputs`` is what ``module.training_step`` returned."""
         return outputs["loss"]
@@ -150,6 +237,16 @@ class Strategy:
     ) -> torch.Tensor:
         """For ``gather_states`` rules: the new state from ``[K, P]`` client states."""
         raise NotImplementedError(f"{type(self).__name__} sets gather_states but does not aggregate them")
+
+    def aggregate_chunks(
+        self, global_state: torch.Tensor, states: StateChunks, updates: list[ClientUpdate]
+    ) -> torch.Tensor:
+        """For ``gather_states`` rules: the new state from the client states read in blocks of columns.
+
+        The engine calls this one. By default all states are read at once and handed to :meth:`aggregate_states`;
+        a rule that works block by block overrides it and stays within ``--trainer.gather_budget_mb``.
+        """
+        return self.aggregate_states(global_state, states.full(), updates)
 
     def server_update(
         self, global_state: torch.Tensor, aggregate: torch.Tensor, updates: list[ClientUpdate]

@@ -16,7 +16,12 @@ FedProx(mu=0.01), aggregator="median")`` trains FedProx clients and aggregates t
 is in :mod:`fedlight.strategies.robust_functional`; all aggregators are translation-equivariant, so states and
 updates θ_k − W^t give the same W^{t+1}.
 
-Gathering holds the round's K states on the CPU of every process (K × P × 4 bytes).
+Every aggregator works on column blocks of the gathered states (:class:`~fedlight.strategies.base.StateChunks`),
+so the engine never holds more than one ``[K, c]`` block of all clients (``--trainer.gather_budget_mb``): the
+median and the trimmed mean are coordinate-wise; Krum and Multi-Krum sum the ``[K, K]`` squared distances over
+the blocks in a first pass, select, and average the selected rows block by block in a second; Bulyan selects
+from the same distances and trims coordinate-wise in its second pass. The median and the trimmed mean give the
+same bits in any number of blocks; the distances' fp64 sums depend on the blocks only in their last bits.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import torch
 
 from fedlight.errors import ConfigError
 from fedlight.strategies import robust_functional as R
-from fedlight.strategies.base import ClientUpdate, Strategy
+from fedlight.strategies.base import ClientUpdate, StateChunks, Strategy
 from fedlight.strategies.fedavg import FedAvg
 from fedlight.strategies.wrapper import RuleWrapper, effective_weights
 
@@ -86,29 +91,32 @@ class RobustAggregation(RuleWrapper):
     def gather_states(self) -> bool:
         return True
 
-    def aggregate_states(
-        self, global_state: torch.Tensor, states: torch.Tensor, updates: list[ClientUpdate]
+    def aggregate_chunks(
+        self, global_state: torch.Tensor, states: StateChunks, updates: list[ClientUpdate]
     ) -> torch.Tensor:
         weights = effective_weights(self.rule, updates)
         aggregate = self.robust_aggregate(states, weights)
         self._selected = [updates[i].client for i in self._selected]
         return self.rule.server_update(global_state, aggregate.to(global_state), updates)
 
-    def robust_aggregate(self, states: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """The aggregator over ``[K, P]`` states; rows it selects are left in ``_selected`` (as row indices)."""
-        k, f = states.shape[0], self.f
+    def robust_aggregate(self, states: StateChunks | torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The aggregator over the ``[K, P]`` states (in memory or in blocks); rows it selects are left in
+        ``_selected`` (as row indices)."""
+        states = StateChunks.of(states) if isinstance(states, torch.Tensor) else states
+        k, f = states.num_clients, self.f
         self._selected = []
         if self.aggregator == "median":
-            return R.coordinate_median(states)
+            return states.apply(R.coordinate_median)
         if self.aggregator == "trimmed_mean":
-            return R.trimmed_mean(states, self.beta)
+            return states.apply(lambda block: R.trimmed_mean(block, self.beta))
         if self.aggregator == "bulyan":
             if k < 4 * f + 3:
                 raise ConfigError(
                     f"Bulyan with --strategy.init_args.f={f} needs at least 4f + 3 = {4 * f + 3} aggregated clients, "
                     f"got {k}. Raise --trainer.clients_per_round or lower f."
                 )
-            aggregate, selected = R.bulyan(states, f)
+            selected = R.bulyan_select(squared_distances(states), f)
+            aggregate = states.rows(selected).apply(lambda chosen: R.bulyan_trimmed_mean(chosen, f))
         else:
             if k <= 2 * f + 2:
                 raise ConfigError(
@@ -116,7 +124,11 @@ class RobustAggregation(RuleWrapper):
                     f"got {k}. Raise --trainer.clients_per_round or lower f."
                 )
             m = 1 if self.aggregator == "krum" else min(self.m or k - f, k)
-            aggregate, selected = R.multi_krum(states, f, m, weights.to(states))
+            selected = R.multi_krum_select(squared_distances(states), f, m)
+            chosen_weights = weights[selected.cpu()]
+            aggregate = states.rows(selected).apply(
+                lambda chosen: R.weighted_mean(chosen, chosen_weights.to(chosen.dtype))
+            )
         self._selected = selected.tolist()
         return aggregate
 
@@ -128,3 +140,11 @@ class RobustAggregation(RuleWrapper):
         if len(self._selected) > 1:  # a W&B histogram; a single id would be logged as a scalar
             metrics["robust/selected"] = torch.tensor(self._selected)
         return metrics
+
+
+def squared_distances(states: StateChunks) -> torch.Tensor:
+    """``[K, K]`` fp64 squared distances between the states: the sum of every block's (one pass over the blocks)."""
+    total = torch.zeros(states.num_clients, states.num_clients, dtype=torch.float64)
+    for _, block in states:
+        total = total.to(block.device) + R.squared_distances(block)
+    return total

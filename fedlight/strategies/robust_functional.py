@@ -12,7 +12,9 @@ updates Δ_k = θ_k − W^t with W^t added back.
   Byzantium*, ICML 2018 (Sec. 4).
 
 Distances are taken in fp64, exactly (no ``‖a‖² + ‖b‖² − 2ab`` expansion), and ties go to the lowest
-row, so the result depends only on the rows and their order.
+row, so the result depends only on the rows and their order. Krum and Bulyan are split into a selection from
+the ``[K, K]`` distances and a combination of the selected rows, so that both can run over column blocks of the
+states (squared distances add up over blocks; the combinations are coordinate-wise).
 """
 
 from __future__ import annotations
@@ -20,6 +22,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+
+def row_sum(rows: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """``[P]``: Σ_k w_k · rows[k] of ``[K, P]`` rows (w_k = 1 without ``weights``), added one row after another.
+
+    torch's reductions choose their summation order by the tensor's shape, so a column summed alone or among
+    others could differ in its last bit; adding whole rows makes every coordinate's sum the same whatever the
+    number of columns, and aggregating states in column blocks then gives the same bits as in one block.
+
+    >>> row_sum(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([0.5, 2.0])).tolist()
+    [6.5, 9.0]
+    """
+    total = torch.zeros_like(rows[0])
+    for k, row in enumerate(rows):
+        total += row if weights is None else weights[k] * row
+    return total
 
 
 def coordinate_median(states: torch.Tensor) -> torch.Tensor:
@@ -54,7 +72,7 @@ def trimmed_mean(states: torch.Tensor, beta: float) -> torch.Tensor:
     k = states.shape[0]
     trim = int(beta * k)
     ordered = states.sort(dim=0).values
-    return ordered[trim : k - trim].mean(dim=0)
+    return row_sum(ordered[trim : k - trim]) / (k - 2 * trim)
 
 
 def squared_distances(states: torch.Tensor) -> torch.Tensor:
@@ -91,6 +109,30 @@ def krum_scores(distances: torch.Tensor, f: int) -> torch.Tensor:
     return others.sort(dim=1).values[:, :neighbours].sum(dim=1)
 
 
+def multi_krum_select(distances: torch.Tensor, f: int, m: int = 1) -> torch.Tensor:
+    """The ``m`` rows with the lowest Krum scores, lowest first (ties: the lower row), from ``[K, K]`` distances.
+
+    >>> multi_krum_select(squared_distances(torch.tensor([[0.0], [1.0], [2.0], [3.0], [10.0]])), f=1, m=3)
+    tensor([1, 2, 0])
+    """
+    k = distances.shape[0]
+    assert k > 2 * f + 2, f"Krum needs K > 2f + 2, got K = {k}, f = {f}"
+    assert 1 <= m <= k, f"Multi-Krum averages 1 ≤ m ≤ K states, got m = {m}, K = {k}"
+    return krum_scores(distances, f).argsort(stable=True)[:m]
+
+
+def weighted_mean(states: torch.Tensor, weights: torch.Tensor | Sequence[float] | None = None) -> torch.Tensor:
+    """``[P]``: the mean of ``[K, P]`` rows, uniform or with non-negative ``weights`` (normalised here).
+
+    >>> weighted_mean(torch.tensor([[0.0, 4.0], [3.0, 10.0]]), [1.0, 2.0]).tolist()
+    [2.0, 8.0]
+    """
+    if weights is None:
+        return row_sum(states) / states.shape[0]
+    weights = torch.as_tensor(weights, dtype=states.dtype, device=states.device)
+    return row_sum(states, weights / weights.sum())
+
+
 def multi_krum(
     states: torch.Tensor, f: int, m: int = 1, weights: torch.Tensor | Sequence[float] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,24 +158,52 @@ def multi_krum(
     >>> multi_krum(points, f=1, m=3)
     (tensor([1.]), tensor([1, 2, 0]))
     """
-    k = states.shape[0]
-    assert k > 2 * f + 2, f"Krum needs K > 2f + 2, got K = {k}, f = {f}"
-    assert 1 <= m <= k, f"Multi-Krum averages 1 ≤ m ≤ K states, got m = {m}, K = {k}"
-    scores = krum_scores(squared_distances(states), f)
-    selected = scores.argsort(stable=True)[:m]
-    chosen = states[selected]
-    if weights is None:
-        return chosen.mean(dim=0), selected
-    weights = torch.as_tensor(weights, dtype=states.dtype, device=states.device)[selected]
-    return (weights / weights.sum()) @ chosen, selected
+    selected = multi_krum_select(squared_distances(states), f, m)
+    chosen_weights = None if weights is None else torch.as_tensor(weights, dtype=states.dtype)[selected]
+    return weighted_mean(states[selected], chosen_weights), selected
+
+
+def bulyan_select(distances: torch.Tensor, f: int) -> torch.Tensor:
+    """Bulyan's selection (El Mhamdi et al. 2018, Sec. 4): θ = K − 2f times, the Krum winner among the rows not
+    yet selected (scores recomputed on what remains). Returns the ``[θ]`` rows in order of selection.
+
+    >>> points = torch.tensor([[0.0], [1.0], [2.0], [3.0], [4.0], [5.0], [100.0]])
+    >>> sorted(bulyan_select(squared_distances(points), f=1).tolist())
+    [0, 1, 2, 3, 4]
+    """
+    k = distances.shape[0]
+    assert k >= 4 * f + 3, f"Bulyan needs K ≥ 4f + 3, got K = {k}, f = {f}"
+    remaining = torch.arange(k, device=distances.device)
+    selected = []
+    for _ in range(k - 2 * f):
+        # with f = 0 the last pick is alone, with no neighbour to score; any other pick has ≥ 0 of them
+        scores = krum_scores(distances[remaining][:, remaining], min(f, remaining.numel() - 2))
+        pick = int(scores.argmin())  # the first of equal scores
+        selected.append(int(remaining[pick]))
+        remaining = torch.cat([remaining[:pick], remaining[pick + 1 :]])
+    return torch.tensor(selected, device=distances.device)
+
+
+def bulyan_trimmed_mean(chosen: torch.Tensor, f: int) -> torch.Tensor:
+    """Bulyan's aggregation (El Mhamdi et al. 2018, Sec. 4): in every coordinate, the mean of the β = θ − 2f values
+    of the ``[θ, P]`` selected states closest to their median.
+
+    >>> bulyan_trimmed_mean(torch.tensor([[0.0], [1.0], [2.0], [3.0], [40.0]]), f=1).tolist()
+    [2.0]
+    """
+    beta = chosen.shape[0] - 2 * f
+    median = coordinate_median(chosen)
+    closest = (chosen - median).abs().argsort(dim=0, stable=True)[:beta]  # [β, P]
+    return row_sum(chosen.gather(0, closest)) / beta
 
 
 def bulyan(states: torch.Tensor, f: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Bulyan (El Mhamdi et al. 2018, Sec. 4) over Krum.
 
     1. Selection: θ = K − 2f times, the Krum winner among the states not yet selected (scores recomputed
-       on what remains) joins the selection set S.
-    2. Aggregation: in every coordinate, the β = θ − 2f values of S closest to S's median are averaged.
+       on what remains) joins the selection set S (:func:`bulyan_select`).
+    2. Aggregation: in every coordinate, the β = θ − 2f values of S closest to S's median are averaged
+       (:func:`bulyan_trimmed_mean`).
 
     Args:
         states: ``[K, P]`` client states, K ≥ 4f + 3.
@@ -150,19 +220,5 @@ def bulyan(states: torch.Tensor, f: int) -> tuple[torch.Tensor, torch.Tensor]:
     >>> aggregate.tolist(), sorted(selected.tolist())
     ([2.0], [0, 1, 2, 3, 4])
     """
-    k = states.shape[0]
-    assert k >= 4 * f + 3, f"Bulyan needs K ≥ 4f + 3, got K = {k}, f = {f}"
-    theta, beta = k - 2 * f, k - 4 * f
-    distances = squared_distances(states)
-    remaining = torch.arange(k, device=states.device)
-    selected = []
-    for _ in range(theta):
-        # with f = 0 the last pick is alone, with no neighbour to score; any other pick has ≥ 0 of them
-        scores = krum_scores(distances[remaining][:, remaining], min(f, remaining.numel() - 2))
-        pick = int(scores.argmin())  # the first of equal scores
-        selected.append(int(remaining[pick]))
-        remaining = torch.cat([remaining[:pick], remaining[pick + 1 :]])
-    chosen = states[selected]  # [θ, P]
-    median = coordinate_median(chosen)
-    closest = (chosen - median).abs().argsort(dim=0, stable=True)[:beta]  # [β, P]
-    return chosen.gather(0, closest).mean(dim=0), torch.tensor(selected, device=states.device)
+    selected = bulyan_select(squared_distances(states), f)
+    return bulyan_trimmed_mean(states[selected], f), selected

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
+from fedlight.strategies import robust_functional as R
+from fedlight.strategies.base import ClientPlan, ClientUpdate, StateChunks, Strategy
 
 if TYPE_CHECKING:
     from lightning import LightningModule
@@ -123,16 +124,27 @@ class RuleWrapper(Strategy):
     def channel_coefficients(self) -> Sequence[float]:
         return self.rule.channel_coefficients()
 
+    def transform_batch(self, context: RunContext, client: int, batch: Any) -> Any:
+        return self.rule.transform_batch(context, client, batch)
+
     def aggregate_states(
         self, global_state: torch.Tensor, states: torch.Tensor, updates: list[ClientUpdate]
     ) -> torch.Tensor:
-        """The rule's own aggregate of gathered states: its :meth:`aggregate_states` if it gathers states
-        itself, else its weighted average (:func:`effective_weights`) followed by its server update. A wrapper
-        that gathers states for a rule that does not (an attack that reads the honest updates) ends with this."""
+        """:meth:`aggregate_chunks` of states in memory, in one block."""
+        return self.aggregate_chunks(global_state, StateChunks.of(states), updates)
+
+    def aggregate_chunks(
+        self, global_state: torch.Tensor, states: StateChunks, updates: list[ClientUpdate]
+    ) -> torch.Tensor:
+        """The rule's own aggregate of gathered states: its :meth:`aggregate_chunks` if it gathers states itself,
+        else its weighted average (:func:`effective_weights`, block by block) followed by its server update. A
+        wrapper that gathers states for a rule that does not (an attack that reads the honest updates) ends with
+        this."""
         if self.rule.gather_states:
-            return self.rule.aggregate_states(global_state, states, updates)
-        weights = effective_weights(self.rule, updates).to(states)
-        return self.rule.server_update(global_state, weights @ states, updates)
+            return self.rule.aggregate_chunks(global_state, states, updates)
+        weights = effective_weights(self.rule, updates)
+        aggregate = states.apply(lambda block: R.row_sum(block, weights.to(block)))  # the weights sum to Σ_j c_j = 1
+        return self.rule.server_update(global_state, aggregate.to(global_state), updates)
 
     def server_update(
         self, global_state: torch.Tensor, aggregate: torch.Tensor, updates: list[ClientUpdate]

@@ -9,7 +9,7 @@ import torch
 from fedlight.cli import build_parser
 from fedlight.data import FederatedDataModule
 from fedlight.errors import ConfigError
-from fedlight.strategies import FedAvg, FedAvgM, FedProx, RobustAggregation
+from fedlight.strategies import Attack, FedAvg, FedAvgM, FedProx, RobustAggregation
 from fedlight.testing import ScalarClient, ScalarDataset
 from fedlight.trainer import FederatedTrainer
 
@@ -103,6 +103,17 @@ def test_nested_rule_from_yaml():
     strategy = parser.instantiate(cfg).fit.strategy
     assert isinstance(strategy, RobustAggregation) and strategy.aggregator == "bulyan" and strategy.f == 2
     assert isinstance(strategy.rule, FedProx) and strategy.rule.mu == 0.01
+
+
+def test_the_cifar10_config_builds_an_attacked_defense_on_the_fedsls_setting():
+    parser = build_parser()
+    cfg = parser.parse_args(["fit", "--config", str(REPO / "conf/robust/cifar10_label_flip_median.yaml")])
+    fit_cfg = parser.instantiate(cfg).fit
+    attack = fit_cfg.strategy
+    assert isinstance(attack, Attack) and attack.kind == "label_flip" and attack.fraction == 0.2
+    assert isinstance(attack.rule, RobustAggregation) and attack.rule.aggregator == "median"
+    assert attack.sampling == "uniform"  # the FedSLS setting, read through both wrappers
+    assert type(fit_cfg.data.dataset).__name__ == "CIFAR10" and fit_cfg.trainer.rounds == 2000
 
 
 # -- the shared invariants, for every aggregator --------------------------------------------------------
