@@ -1,16 +1,20 @@
 """LADD's ablations (Tables 5–7 of Shenaj et al., WACV 2023) on the offline style-cities twin.
 
-Runs every row of ``conf/ladd/twin/`` with the ``fedlight`` command in this process: the four source
-pre-trainings (no FDA, FDA windows 1×1, 3×3, 5×5: Table 6 and the first rows of Table 5), then the federated
-rows of Table 5 (ST, FDA+ST, +KD, +KD+SWAt, +KD+Clu, everything) and Table 7 (cluster-specific BN, backbone,
-classifier, all), each from its pre-training's checkpoint. Every row is summarised as LADD reports it: the
-mean ± std over the last 10 % of rounds of the per-round test mIoU, for the global model and for the
-style-routed cluster models. The style-clustering accuracy (each cluster labelled with its majority city) is
-reported too. A run of every row writes its tables to ``benchmarks/ladd/results/``; a subset of rows writes
-them beside its runs, in ``--out``::
+Runs rows of ``conf/ladd/twin/`` with the ``fedlight`` command in this process: the source pre-trainings (no
+FDA, FDA windows 1×1, 3×3, 5×5: Table 6 and the first rows of Table 5), then the federated rows of Table 5 (ST,
+FDA+ST, +KD, +KD+SWAt, +KD+Clu, everything) and Table 7 (cluster-specific BN, backbone, classifier, all), each
+from its pre-training's checkpoint. Every run is summarised as LADD reports it: the mean ± std over the last
+10 % of rounds of the per-round test mIoU, for the global model and for the style-routed cluster models, with
+the style-clustering accuracy (each cluster labelled with its majority city). Over several seeds (data and
+training), a row's table entry is the mean ± std over seeds of those tail means. A full run of the default rows
+writes its tables to ``benchmarks/ladd/results/``; other runs write them beside their runs, in ``--out``::
 
-    python benchmarks/ladd/twin.py                 # every row, a few minutes on two CPU cores
-    python benchmarks/ladd/twin.py --rows source_only pretrain_fda fedavg_st ladd_all
+    python benchmarks/ladd/twin.py                                  # every row, seed 0
+    python benchmarks/ladd/twin.py --seeds 0 1 2                    # the main rows over three seeds
+    # the same, one process per seed, then the merged tables
+    for s in 0 1 2; do python benchmarks/ladd/twin.py --seeds $s --rows ... --out runs/ladd/s$s & done; wait
+    python benchmarks/ladd/twin.py --collect runs/ladd/s0 runs/ladd/s1 runs/ladd/s2
+    python benchmarks/ladd/twin.py --reduced --rows source_only pretrain_fda fda_st_kd ladd_all --out /tmp/x  # CI
 """
 
 from __future__ import annotations
@@ -37,6 +41,19 @@ FEDERATED = ["st", "fedavg_st", "fda_st_kd", "fda_st_kd_swat", "fda_st_kd_clu", 
 #: the order rows run in: the federated rows need only the first two pre-trainings; Table 6's other windows last
 ORDER = ["source_only", "pretrain_fda", "fedavg_st", "fda_st_kd", "fda_st_kd_swat", "ladd_all", "ladd_cls", "st",
          "fda_st_kd_clu", "ladd_bn", "ladd_backbone", "pretrain_fda_1x1", "pretrain_fda_5x5"]  # fmt: skip
+#: the rows run over several seeds: Table 5's main steps and Table 7
+MAIN = ["source_only", "pretrain_fda", "fedavg_st", "fda_st_kd", "fda_st_kd_swat", "ladd_bn", "ladd_backbone",
+        "ladd_cls", "ladd_all"]  # fmt: skip
+#: the paper's CrossCity mIoU % of each row (Tables 5, 6 and 7; a cluster row's is its routed score)
+PAPER = {"source_only": 26.49, "pretrain_fda_1x1": 31.59, "pretrain_fda": 32.43, "pretrain_fda_5x5": 32.51,
+         "st": 30.58, "fedavg_st": 33.59, "fda_st_kd": 37.49, "fda_st_kd_swat": 38.83, "fda_st_kd_clu": 39.18,
+         "ladd_bn": 38.72, "ladd_backbone": 39.31, "ladd_cls": 39.87, "ladd_all": 40.09}  # fmt: skip
+#: ``--reduced``: a smoke run of a few seconds per row (CI), not a measurement
+REDUCED_PRETRAINING = ["--trainer.rounds=3", "--data.dataset.init_args.num_source_samples=160",
+                       "--data.dataset.init_args.num_test_per_city=10"]  # fmt: skip
+REDUCED_FEDERATED = ["--trainer.rounds=4", "--trainer.clients_per_round=4",
+                     "--data.dataset.init_args.num_test_per_city=10"]  # fmt: skip
+NO_SWA = {"st", "fedavg_st", "fda_st_kd", "fda_st_kd_clu"}  # rows without an SWA teacher
 
 
 def tail_summary(rows: list[dict[str, str]], key: str) -> tuple[float, float] | None:
@@ -59,13 +76,18 @@ def cluster_accuracy(run_dir: Path) -> float | None:
     return correct / sum(len(ids) for ids in clusters.values())
 
 
-def run_row(row: str, out: Path) -> dict[str, object]:
-    """Runs one row's config into ``out/<row>/version_0`` and summarises its metrics."""
+def run_row(row: str, out: Path, seed: int = 0, reduced: bool = False) -> dict[str, object]:
+    """Runs one row's config with ``seed`` (data and training) into ``out/<row>/version_0``; summarises its metrics."""
     args = ["fit", "--config", str(CONF / f"{row}.yaml"), f"--trainer.default_root_dir={out}",
-            "--trainer.logger=csv", "--trainer.enable_progress_bar=false"]  # fmt: skip
+            "--trainer.logger=csv", "--trainer.enable_progress_bar=false", f"--seed_everything={seed}",
+            f"--data.dataset.init_args.seed={seed}"]  # fmt: skip
     if row.startswith("pretrain_fda"):  # the style pools are written next to the runs
         b = {"pretrain_fda_1x1": 0, "pretrain_fda": 1, "pretrain_fda_5x5": 2}[row]
         args.append(f"--data.train_transform.init_args.style_file={out}/styles_b{b}.pt")
+        args.append(f"--data.train_transform.init_args.target.init_args.seed={seed}")  # the same clients' styles
+    if reduced:
+        args += REDUCED_FEDERATED if row in FEDERATED else REDUCED_PRETRAINING
+        args += [] if row in NO_SWA or row not in FEDERATED else ["--strategy.init_args.swa_start=2"]
     if row in FEDERATED:
         source = "source_only" if row == "st" else "pretrain_fda"
         args.append(f"--trainer.init_from={out}/{source}/version_0/checkpoints/last.ckpt")
@@ -77,6 +99,7 @@ def run_row(row: str, out: Path) -> dict[str, object]:
         rows = list(csv.DictReader(file))
     return {
         "row": row,
+        "seed": seed,
         "rounds": len(rows),
         "seconds": round(seconds, 1),
         "global": tail_summary(rows, "test/miou"),
@@ -90,32 +113,69 @@ def fmt(summary: tuple[float, float] | None) -> str:
     return "–" if summary is None else f"{100 * summary[0]:.2f} ± {100 * summary[1]:.2f}"
 
 
+def over_seeds(values: list[float]) -> tuple[float, float] | None:
+    """Mean and sample standard deviation over seeds (0 for one seed)."""
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return mean, spread
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", nargs="+", default=ORDER, help="rows of conf/ladd/twin to run")
+    parser.add_argument("--rows", nargs="+", default=None, help="rows of conf/ladd/twin to run (default: all, or "
+                        "with several seeds the main rows)")  # fmt: skip
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="data and training seeds")
+    parser.add_argument("--reduced", action="store_true", help="a few rounds per row: a smoke run, not a measurement")
     parser.add_argument("--out", type=Path, default=REPO / "runs/ladd/twin_benchmark", help="where the runs go")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--collect", nargs="+", type=Path, help="only merge the twin.json of these runs (seeds run "
+                        "as separate processes) into the committed tables")  # fmt: skip
     args = parser.parse_args()
+    if args.collect:
+        write_tables([r for folder in args.collect for r in json.loads((folder / "twin.json").read_text())], RESULTS)
+        return
+    rows = args.rows or (ORDER if len(args.seeds) == 1 else MAIN)
     torch.set_num_threads(args.threads)
     if args.out.exists():
         raise SystemExit(f"{args.out} exists; remove it or pass --out elsewhere, so every row is version_0")
+    # the committed tables come from full runs of the default rows; others write their tables beside their runs
+    results_dir = RESULTS if args.rows is None and not args.reduced else args.out
     results = []
-    for row in args.rows:  # the tables are rewritten after every row, so a cut-short run keeps what it measured
-        results.append(run_row(row, args.out))
-        print(json.dumps(results[-1]))
-        # the committed tables hold every row; a subset (as CI runs) writes its tables beside its runs
-        write_tables(results, RESULTS if args.rows == ORDER else args.out)
+    for seed in args.seeds:  # the tables are rewritten after every row, so a cut-short run keeps what it measured
+        for row in rows:
+            results.append(run_row(row, args.out / f"seed{seed}", seed, args.reduced))
+            print(json.dumps(results[-1]), flush=True)
+            write_tables(results, results_dir)
 
 
 def write_tables(results: list[dict[str, object]], results_dir: Path) -> None:
-    """Writes ``results/twin.md`` (one line per row) and ``results/twin.json``."""
-    lines = ["| row | rounds | test mIoU (global) | test mIoU (routed) | k | cluster acc. | time (s) |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in results:
-        accuracy = "–" if r["cluster_accuracy"] is None else f"{100 * r['cluster_accuracy']:.0f} %"
-        k = "–" if not r["clusters"] else f"{r['clusters']:.0f}"
-        lines.append(f"| {r['row']} | {r['rounds']} | {fmt(r['global'])} | {fmt(r['routed'])} | {k} | {accuracy} "
-                     f"| {r['seconds']} |")  # fmt: skip
+    """Writes ``twin.md`` (per row: the mean ± std over seeds of each seed's tail mean) and ``twin.json`` (every run).
+
+    With one seed the spread is the tail's own, LADD's reporting. The column "routed − none" is the mean ± std
+    over seeds of the routed score minus the same seed's FDA+ST+KD+SWAt (Table 7's "none"), a paired difference.
+    """
+    seeds = sorted({r["seed"] for r in results})
+    none = {r["seed"]: r["global"][0] for r in results if r["row"] == "fda_st_kd_swat" and r["global"]}
+    lines = [f"Seeds: {', '.join(map(str, seeds))}.", "",
+             "| row | paper | rounds | test mIoU (global) | test mIoU (routed) | routed − none | k | cluster acc. "
+             "| time (s) |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for row in dict.fromkeys(r["row"] for r in results):
+        runs = [r for r in results if r["row"] == row]
+
+        def summary(key: str, runs: list[dict[str, object]] = runs) -> tuple[float, float] | None:
+            if len(runs) == 1:
+                return runs[0][key]
+            return over_seeds([r[key][0] for r in runs if r[key]])
+
+        gains = over_seeds([r["routed"][0] - none[r["seed"]] for r in runs if r["routed"] and r["seed"] in none])
+        accuracy = over_seeds([r["cluster_accuracy"] for r in runs if r["cluster_accuracy"] is not None])
+        k = sorted({f"{r['clusters']:.0f}" for r in runs if r["clusters"]})
+        seconds = sum(r["seconds"] for r in runs) / len(runs)
+        lines.append(f"| {row} | {PAPER.get(row, '–')} | {runs[0]['rounds']} | {fmt(summary('global'))} "
+                     f"| {fmt(summary('routed'))} | {fmt(gains)} | {'/'.join(k) or '–'} | "
+                     f"{'–' if accuracy is None else f'{100 * accuracy[0]:.0f} %'} | {seconds:.1f} |")  # fmt: skip
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "twin.md").write_text("\n".join(lines) + "\n")
     (results_dir / "twin.json").write_text(json.dumps(results, indent=1))

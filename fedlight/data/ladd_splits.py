@@ -22,8 +22,9 @@ have no labels at all: their targets are void everywhere and only the test set i
 
 Images are read lazily per batch, resized to one ``size`` (H, W) so that batches stack (bilinear for images,
 nearest for labels) and normalised with mean = std = 0.5 (LADD's, for every dataset; its code uses ImageNet
-statistics on Cityscapes, a quirk not kept). LADD tests Cityscapes at full resolution and Mapillary at width
-1024 with the aspect ratio kept; here every test image has the same ``test_size``, (1024, 2048) for Cityscapes.
+statistics on Cityscapes, a quirk not kept). LADD tests Cityscapes at full resolution, (1024, 2048), and
+Mapillary at width 1024 with each image's aspect ratio kept (:class:`Mapillary`'s ``test_width``); it trains
+Cityscapes' clients on each image and a copy (:class:`CityscapesFFREEDA`'s ``double``).
 """
 
 from __future__ import annotations
@@ -73,30 +74,66 @@ def lookup_table(mapping: dict[int, int]) -> torch.Tensor:
     return table
 
 
-class SplitImages(LazySamples):
-    """RGB image files read per batch, resized to ``size`` and normalised with mean = std = 0.5."""
+def resized_shape(height: int, width: int, size: tuple[int, int] | None, keep_width: int | None) -> tuple[int, int]:
+    """The ``(H, W)`` an image of ``height × width`` is resized to: ``size``, or width ``keep_width`` with the
+    aspect ratio kept (LADD's ``FixedResize(width=…)``: H = round(keep_width · height / width)).
 
-    def __init__(self, paths: list[Path], size: tuple[int, int], num_workers: int = 4) -> None:
-        self.paths, self.size, self.num_workers = paths, tuple(size), num_workers
-        self.shape = (len(paths), 3, *self.size)
+    >>> resized_shape(1500, 2000, None, 1024), resized_shape(1500, 2000, (16, 32), None)
+    ((768, 1024), (16, 32))
+    """
+    if keep_width is None:
+        return size
+    return round(keep_width * height / width), keep_width
+
+
+def _stack(samples: list[torch.Tensor]) -> torch.Tensor:
+    if len({tuple(sample.shape) for sample in samples}) > 1:
+        raise ConfigError(
+            f"Images resized to one width keep their aspect ratio, so a batch of them has mixed shapes "
+            f"({sorted({tuple(s.shape[-2:]) for s in samples})}). Set --data.eval_batch_size=1, as LADD tests."
+        )
+    return torch.stack(samples)
+
+
+class SplitImages(LazySamples):
+    """RGB image files read per batch, resized and normalised with mean = std = 0.5.
+
+    Every image is resized to ``size``, or to width ``keep_width`` with its aspect ratio kept (then images of
+    different aspect ratios need batches of one). Images whose ``flips`` entry is true are mirrored left–right.
+    """
+
+    def __init__(
+        self, paths: list[Path], size: tuple[int, int], num_workers: int = 4, keep_width: int | None = None,
+        flips: list[bool] | None = None,
+    ) -> None:  # fmt: skip
+        self.paths, self.size, self.num_workers, self.keep_width = paths, tuple(size), num_workers, keep_width
+        self.flips = flips or [False] * len(paths)
+        self.shape = (len(paths), 3, *self.size)  # with keep_width, the height is the first image's
 
     def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
         def read(i: int) -> torch.Tensor:
             with Image.open(self.paths[i]) as image:
                 pixels = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1)  # [3, h, w] uint8
-            if tuple(pixels.shape[-2:]) != self.size:
-                pixels = F.interpolate(pixels[None].float(), self.size, mode="bilinear", antialias=True)[0]
+            size = resized_shape(*pixels.shape[-2:], self.size, self.keep_width)
+            if tuple(pixels.shape[-2:]) != size:
+                pixels = F.interpolate(pixels[None].float(), size, mode="bilinear", antialias=True)[0]
+            pixels = pixels.flip(-1) if self.flips[i] else pixels
             return (pixels.float() / 255.0 - 0.5) / 0.5
 
         with ThreadPoolExecutor(max_workers=self.num_workers) as pool:
-            return torch.stack(list(pool.map(read, index.tolist())))  # [B, 3, H, W]
+            return _stack(list(pool.map(read, index.tolist())))  # [B, 3, H, W]
 
 
 class SplitMasks(LazySamples):
-    """Label files read per batch, mapped to train ids and resized (nearest) to ``size``; ``None`` paths are void."""
+    """Label files read per batch, mapped to train ids and resized (nearest) like :class:`SplitImages`; ``None``
+    paths are void."""
 
-    def __init__(self, paths: list[Path | None], size: tuple[int, int], lookup: torch.Tensor, num_workers: int = 4):
+    def __init__(
+        self, paths: list[Path | None], size: tuple[int, int], lookup: torch.Tensor, num_workers: int = 4,
+        keep_width: int | None = None, flips: list[bool] | None = None,
+    ) -> None:  # fmt: skip
         self.paths, self.size, self.lookup, self.num_workers = paths, tuple(size), lookup, num_workers
+        self.keep_width, self.flips = keep_width, flips or [False] * len(paths)
         self.shape = (len(paths), *self.size)
 
     def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
@@ -106,12 +143,13 @@ class SplitMasks(LazySamples):
                 return torch.full(self.size, IGNORE_INDEX, dtype=torch.int64)
             with Image.open(path) as mask:
                 labels = self.lookup[torch.from_numpy(np.array(mask).astype(np.int64))]  # [h, w]
-            if tuple(labels.shape) != self.size:
-                labels = F.interpolate(labels[None, None].float(), self.size, mode="nearest")[0, 0].long()
-            return labels
+            size = resized_shape(*labels.shape, self.size, self.keep_width)
+            if tuple(labels.shape) != size:
+                labels = F.interpolate(labels[None, None].float(), size, mode="nearest")[0, 0].long()
+            return labels.flip(-1) if self.flips[i] else labels
 
         with ThreadPoolExecutor(max_workers=self.num_workers) as pool:
-            return torch.stack(list(pool.map(read, index.tolist())))  # [B, H, W]
+            return _stack(list(pool.map(read, index.tolist())))  # [B, H, W]
 
 
 class _SplitDataset(FederatedDataset):
@@ -156,13 +194,16 @@ class _SplitDataset(FederatedDataset):
                 rows += [(str(user), x, y) for x, y in zip(data["x"], labels, strict=True)]
         return rows
 
-    def _pool(self, rows: list[tuple[str, str, str | None]], size: tuple[int, int], with_groups: bool):
+    def _pool(
+        self, rows: list[tuple[str, str, str | None]], size: tuple[int, int], with_groups: bool,
+        keep_width: int | None = None, flips: list[bool] | None = None,
+    ) -> LabelledTensors:  # fmt: skip
         images = [self.folder / "data" / self.images_dir / x.lstrip("/") for _, x, _ in rows]
         labels = [None if y is None else self.folder / "data" / self.labels_dir / y.lstrip("/") for _, _, y in rows]
         self._require(images + [p for p in labels if p is not None])
         return LabelledTensors(
-            SplitImages(images, size, self.num_workers),
-            SplitMasks(labels, size, lookup_table(self.mapping), self.num_workers),
+            SplitImages(images, size, self.num_workers, keep_width, flips),
+            SplitMasks(labels, size, lookup_table(self.mapping), self.num_workers, keep_width, flips),
             groups=np.array([user for user, _, _ in rows]) if with_groups else None,
             labels=np.zeros(len(rows), dtype=np.int64),  # partitions follow the users, not classes
         )
@@ -184,10 +225,18 @@ class _SplitDataset(FederatedDataset):
 class CityscapesFFREEDA(_SplitDataset):
     """Cityscapes as FedDrive's "heterogeneous" split: 144 clients of one city each, 10–45 images, 500 test images.
 
+    LADD trains its Cityscapes clients on a "double dataset" (``--double_dataset`` in its Cityscapes configs):
+    each client's n images followed by n more, index i ≥ n showing image i − n, and no random flip. Its
+    Cityscapes class defines the mirroring of that second copy, but the method is never called, so the code
+    trains on every image twice, unflipped. ``double`` gives both: ``flipped``, the second copy mirrored
+    left–right as the class intends, and ``repeated``, what the code runs. A client's sample count doubles
+    either way, so FedAvg's weights keep their ratios while each local epoch takes twice the steps.
+
     Args:
         root: LADD's data folder (see the module docstring).
         size: ``(H, W)`` of the training images (LADD crops 512×1024 after a random scale).
         test_size: ``(H, W)`` of the test images; LADD tests at the full 1024×2048.
+        double: ``flipped``, ``repeated`` or null (each training image once; then flip at random instead).
         num_workers: threads that decode a batch.
     """
 
@@ -196,9 +245,22 @@ class CityscapesFFREEDA(_SplitDataset):
 
     def __init__(
         self, root: str, size: tuple[int, int] = (512, 1024), test_size: tuple[int, int] | None = (1024, 2048),
-        num_workers: int = 4,
+        double: Literal["flipped", "repeated"] | None = None, num_workers: int = 4,
     ) -> None:  # fmt: skip
+        if double not in ("flipped", "repeated", None):
+            raise ConfigError(
+                f"Expected --data.dataset.init_args.double in {{flipped, repeated, null}}, got {double!r}."
+            )
         super().__init__(root, size, test_size, num_workers)
+        self.double = double
+
+    def load_train(self) -> LabelledTensors:
+        rows = self._users(self._split_files("train"))
+        if self.double is None:
+            return self._pool(rows, self.size, with_groups=True)
+        # the copies follow the originals; the Natural partitioner gathers each client's by its id
+        flips = [False] * len(rows) + [self.double == "flipped"] * len(rows)
+        return self._pool(rows + rows, self.size, with_groups=True, flips=flips)
 
 
 class CrossCity(_SplitDataset):
@@ -224,10 +286,15 @@ class CrossCity(_SplitDataset):
 class Mapillary(_SplitDataset):
     """Mapillary Vistas clustered by GPS per continent into 357 clients (30–100 images), 2,000 test images.
 
+    LADD tests Mapillary's images, whose sizes and aspect ratios vary, resized to width 1024 with their aspect
+    ratio kept (its ``FixedResize(width=1024)``); ``test_width`` does the same, and the test batches must then
+    hold one image each (``--data.eval_batch_size=1``).
+
     Args:
         root: LADD's data folder.
-        size: ``(H, W)`` images are resized to.
-        test_size: ``(H, W)`` of the test images (default: ``size``).
+        size: ``(H, W)`` training images are resized to.
+        test_size: ``(H, W)`` of the test images, when ``test_width`` is null (default: ``size``).
+        test_width: width every test image is resized to, its aspect ratio kept (LADD: 1024); null: ``test_size``.
         num_workers: threads that decode a batch.
     """
 
@@ -235,9 +302,18 @@ class Mapillary(_SplitDataset):
 
     def __init__(
         self, root: str, size: tuple[int, int] = (512, 1024), test_size: tuple[int, int] | None = None,
-        num_workers: int = 4,
+        test_width: int | None = 1024, num_workers: int = 4,
     ) -> None:  # fmt: skip
+        flag = "--data.dataset.init_args"
+        if test_width is not None and test_size is not None:
+            raise ConfigError(f"{flag}.test_size and {flag}.test_width both size the test images; set one to null.")
+        if test_width is not None and test_width < 1:
+            raise ConfigError(f"Expected {flag}.test_width ≥ 1 pixel or null, got {test_width}.")
         super().__init__(root, size, test_size, num_workers)
+        self.test_width = test_width
+
+    def load_test(self) -> LabelledTensors:
+        return self._pool(self._users(self._split_files("test")), self.test_size, False, keep_width=self.test_width)
 
 
 class GTA5(_SplitDataset):

@@ -7,7 +7,10 @@ four target cities that look different: weather, light, camera. This twin keeps 
   the same distribution in every domain, so the domains share their layouts and classes;
 - **appearance** differs by domain through low-frequency, global changes, the kind FDA's amplitude window
   captures (Yang & Soatto, CVPR 2020): colour saturation, gamma, contrast, a colour cast and a blur
-  (:class:`Appearance`). The source is saturated and sharp; the four cities are grey, warm, cool and dim;
+  (:class:`Appearance`), and sensor noise, which FDA's window does not carry. The source is saturated,
+  sharp and clean; the four cities are grey, warm, cool and dim (the dim one the noisiest, as at dusk);
+- **content** may also differ by city, as streets in Rome and Tokyo hold different things: with
+  ``class_skew`` < 1 every city favours its own object classes (:meth:`StyleCities.class_probabilities`);
 - **clients** are many and small, like CrossCity's 17–37 images each (LADD, Table 1); every client of a
   city draws its own slight variation of the city's appearance, as cars of one city see different days.
 
@@ -52,6 +55,8 @@ class Appearance:
         contrast: x ↦ 0.5 + c·(x − 0.5).
         cast: ``(r, g, b)`` added to every pixel, a colour cast.
         blur: σ in pixels of a Gaussian blur, 0 for none.
+        noise: standard deviation of white Gaussian pixel noise added last, a camera's sensor noise; FDA's
+            low-frequency window carries none of it, so a restyled source image does not show it.
     """
 
     saturation: float = 1.0
@@ -59,9 +64,12 @@ class Appearance:
     contrast: float = 1.0
     cast: tuple[float, float, float] = (0.0, 0.0, 0.0)
     blur: float = 0.0
+    noise: float = 0.0
 
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+    def __call__(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Applies the appearance to ``[B, 3, H, W]`` RGB images in [0, 1]; returns them clipped to [0, 1].
+
+        The noise is drawn from ``generator`` (torch's global one if None).
 
         >>> Appearance()(torch.full((1, 3, 2, 2), 0.25)).unique().tolist()
         [0.25]
@@ -76,6 +84,8 @@ class Appearance:
         x = x + torch.tensor(self.cast).to(x)[:, None, None]
         if self.blur > 0:
             x = _gaussian_blur(x, self.blur)
+        if self.noise > 0:
+            x = x + self.noise * torch.randn(x.shape, generator=generator, dtype=x.dtype)
         return x.clamp(0.0, 1.0)
 
 
@@ -95,10 +105,10 @@ def _gaussian_blur(images: torch.Tensor, sigma: float) -> torch.Tensor:
 SOURCE = Appearance(saturation=1.35, contrast=1.1)
 #: The four target cities and their looks.
 CITIES: dict[str, Appearance] = {
-    "grey": Appearance(saturation=0.35, gamma=0.9, contrast=0.75, cast=(0.02, 0.02, 0.05), blur=0.8),
+    "grey": Appearance(saturation=0.35, gamma=0.9, contrast=0.75, cast=(0.02, 0.02, 0.05), blur=0.8, noise=0.04),
     "warm": Appearance(saturation=1.0, gamma=0.75, contrast=0.9, cast=(0.12, 0.04, -0.10)),
-    "cool": Appearance(saturation=0.8, gamma=1.2, cast=(-0.08, 0.0, 0.12), blur=0.5),
-    "dim": Appearance(saturation=0.9, gamma=1.7, contrast=0.85, cast=(-0.02, 0.06, -0.02)),
+    "cool": Appearance(saturation=0.8, gamma=1.2, cast=(-0.08, 0.0, 0.12), blur=0.5, noise=0.02),
+    "dim": Appearance(saturation=0.9, gamma=1.7, contrast=0.85, cast=(-0.02, 0.06, -0.02), noise=0.08),
 }
 
 
@@ -124,6 +134,9 @@ class StyleCities(FederatedDataset):
         image_size: side S of the square images.
         client_jitter: standard deviation of each client's own variation of its city's cast and, in log
             scale, of its gamma; 0 makes all clients of a city look alike.
+        class_skew: how much the cities' contents differ, in (0, 1]. City i ranks the object classes from
+            its own first one, ⌊i·C/4⌋, each next class ``class_skew`` times as likely as the one before;
+            1 draws every class uniformly in every city. The source always draws them uniformly.
         normalise: normalise with mean = std = 0.5 (LADD's), or leave the images raw in [0, 1].
         seed: one seed gives the same source, clients and test set on every machine.
     """
@@ -138,6 +151,7 @@ class StyleCities(FederatedDataset):
         num_object_classes: int = 5,
         image_size: int = 64,
         client_jitter: float = 0.03,
+        class_skew: float = 1.0,
         normalise: bool = True,
         seed: int = 0,
     ) -> None:
@@ -159,6 +173,8 @@ class StyleCities(FederatedDataset):
             problems.append(f"Expected {flag}.image_size ≥ 8 pixels, got {image_size}.")
         if client_jitter < 0:
             problems.append(f"Expected {flag}.client_jitter ≥ 0, got {client_jitter}.")
+        if not 0 < class_skew <= 1:
+            problems.append(f"Expected {flag}.class_skew in (0, 1] (1: the same classes everywhere), got {class_skew}.")
         if problems:
             raise ConfigError(*problems)
         self.domain = domain
@@ -169,6 +185,7 @@ class StyleCities(FederatedDataset):
         self.num_object_classes = num_object_classes
         self.image_size = image_size
         self.client_jitter = client_jitter
+        self.class_skew = class_skew
         self.normalise = normalise
         self.seed = seed
         self.num_classes = num_object_classes + 1
@@ -183,10 +200,11 @@ class StyleCities(FederatedDataset):
             return self._finish(images, masks, classes, groups=np.full(len(images), "source"))
         generator = self._generator(_TARGET_STREAM)
         parts, ids = [], []
-        for city, look in CITIES.items():
+        for index, (city, look) in enumerate(CITIES.items()):
+            probabilities = self.class_probabilities(index)
             for number in range(self.num_clients_per_city):
                 size = int(torch.randint(self.client_size[0], self.client_size[1] + 1, (), generator=generator))
-                parts.append(self._scenes(size, generator, self._client_look(look, generator)))
+                parts.append(self._scenes(size, generator, self._client_look(look, generator), probabilities))
                 ids += [f"{city}{number}"] * size
         images, masks, classes = (torch.cat(part) for part in zip(*parts, strict=True))
         return self._finish(images, masks, classes, groups=np.array(ids))
@@ -196,10 +214,26 @@ class StyleCities(FederatedDataset):
         if self.num_test_per_city == 0:
             return None
         generator = self._generator(_TEST_STREAM)
-        parts = [self._scenes(self.num_test_per_city, generator, look) for look in CITIES.values()]
+        parts = [
+            self._scenes(self.num_test_per_city, generator, look, self.class_probabilities(index))
+            for index, look in enumerate(CITIES.values())
+        ]
         images, masks, classes = (torch.cat(part) for part in zip(*parts, strict=True))
         cities = np.repeat(np.arange(len(CITIES)), self.num_test_per_city)
         return self._finish(images, masks, classes, groups=cities)
+
+    def class_probabilities(self, city: int) -> torch.Tensor | None:
+        """``[C]`` how likely each object class is in city number ``city``; None when all are equally likely.
+
+        >>> StyleCities(num_object_classes=4, class_skew=0.5).class_probabilities(1).tolist()
+        [0.0666..., 0.5333..., 0.2666..., 0.1333...]
+        """
+        if self.class_skew == 1:
+            return None
+        count = self.num_object_classes
+        rank = (torch.arange(count) - city * count // len(CITIES)) % count
+        weights = torch.tensor(self.class_skew, dtype=torch.float64) ** rank
+        return weights / weights.sum()
 
     def _generator(self, stream: int) -> torch.Generator:
         sequence = np.random.SeedSequence(self.seed, spawn_key=(stream,))  # generate_state: .entropy ignores the key
@@ -207,19 +241,25 @@ class StyleCities(FederatedDataset):
 
     def _client_look(self, look: Appearance, generator: torch.Generator) -> Appearance:
         """The city's appearance with this client's own cast and gamma."""
-        noise = self.client_jitter * torch.randn(4, generator=generator)
-        cast = tuple(float(c + n) for c, n in zip(look.cast, noise[:3], strict=True))
-        return Appearance(look.saturation, look.gamma * math.exp(float(noise[3])), look.contrast, cast, look.blur)
+        jitter = self.client_jitter * torch.randn(4, generator=generator)
+        cast = tuple(float(c + n) for c, n in zip(look.cast, jitter[:3], strict=True))
+        gamma = look.gamma * math.exp(float(jitter[3]))
+        return Appearance(look.saturation, gamma, look.contrast, cast, look.blur, look.noise)
 
     def _scenes(
-        self, count: int, generator: torch.Generator, look: Appearance
+        self, count: int, generator: torch.Generator, look: Appearance, probabilities: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``count`` scenes in ``look``: raw images ``[N, 3, S, S]`` in [0, 1], label maps, object classes."""
+        """``count`` scenes in ``look``, object classes drawn from ``probabilities`` (None: uniformly): raw
+        images ``[N, 3, S, S]`` in [0, 1], label maps, object classes."""
         images, masks, classes = [], [], []
         for start in range(0, count, _CHUNK):
-            chunk = torch.randint(self.num_object_classes, (min(_CHUNK, count - start),), generator=generator)
+            size = min(_CHUNK, count - start)
+            if probabilities is None:
+                chunk = torch.randint(self.num_object_classes, (size,), generator=generator)
+            else:
+                chunk = torch.multinomial(probabilities, size, replacement=True, generator=generator)
             standardised, chunk_masks = render_scenes(chunk, self.image_size, generator, void_border=0)
-            images.append(look(standardised * 0.25 + 0.5))  # render_scenes standardises clipped [0, 1] images
+            images.append(look(standardised * 0.25 + 0.5, generator))  # render_scenes standardises clipped [0, 1]
             masks.append(chunk_masks)
             classes.append(chunk)
         return torch.cat(images), torch.cat(masks), torch.cat(classes)

@@ -10,6 +10,7 @@ from PIL import Image
 from fedlight.clients import SelfTrainingClient
 from fedlight.data import FederatedDataModule
 from fedlight.data.ladd_splits import GTA5, CityscapesFFREEDA, CrossCity, Mapillary
+from fedlight.data.partition import Natural
 from fedlight.errors import ConfigError
 from fedlight.strategies import LADD
 from fedlight.trainer import FederatedTrainer
@@ -129,3 +130,69 @@ def test_a_missing_root_or_absent_images_give_one_error_that_says_what_to_do(tmp
     with pytest.raises(ConfigError, match=r"2 files missing: .*Rio_1_0.jpg, .*Rio_1_1.jpg\.") as error:
         CrossCity(str(tmp_path)).load_train()
     assert len(error.value.problems) == 2  # what is missing, then where to get it
+
+
+def _cityscapes_clients(root, sizes=(2, 1)):
+    city = root / "cityscapes"
+    users = {}
+    for k, size in enumerate(sizes):
+        xs = [f"train/jena/jena_{k}_{i}_leftImg8bit.png" for i in range(size)]
+        ys = [x.replace("leftImg8bit.png", "gtFine_labelIds.png") for x in xs]
+        for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+            _image(city / "data/leftImg8bit" / x, 10 * k + i)
+            _image(city / "data/gtFine" / y, 0, value=(7, 33))  # road | bicycle
+        users[f"jena{k}"] = {"x": xs, "y": ys}
+    _leaf(city / "splits/heterogeneous/train/all_data_0.json", users)
+    return users
+
+
+@pytest.mark.parametrize("double", ["flipped", "repeated"])
+def test_cityscapes_double_dataset_gives_every_client_its_images_and_a_copy(tmp_path, double):
+    users = _cityscapes_clients(tmp_path)
+    train = CityscapesFFREEDA(str(tmp_path), size=(H, W), double=double, num_workers=1).load_train()
+    assert train.groups.tolist() == ["jena0", "jena0", "jena1"] * 2  # originals, then the copies
+    clients = Natural()(train.partition_labels(), 2, np.random.default_rng(0), groups=train.groups)
+    assert sorted(len(c) for c in clients) == [2, 4]  # each client's n images count twice
+    images, masks = train.inputs[torch.arange(6)], train.targets[torch.arange(6)]
+    for i, x in enumerate(users["jena0"]["x"] + users["jena1"]["x"]):
+        pixels = np.array(Image.open(tmp_path / "cityscapes/data/leftImg8bit" / x).convert("RGB"), dtype=np.float32)
+        copy = pixels[:, ::-1] if double == "flipped" else pixels  # mirrored left–right, or the same image
+        for index, expected in ((i, pixels), (i + 3, copy)):
+            torch.testing.assert_close(images[index], torch.from_numpy(expected.copy() / 127.5 - 1).permute(2, 0, 1))
+    assert masks[0, 0, [0, -1]].tolist() == [0, 18]  # road | bicycle
+    assert masks[3, 0, [0, -1]].tolist() == ([18, 0] if double == "flipped" else [0, 18])
+
+
+def test_cityscapes_without_doubling_reads_each_image_once_and_a_bad_mode_is_reported(tmp_path):
+    _cityscapes_clients(tmp_path)
+    assert len(CityscapesFFREEDA(str(tmp_path), size=(H, W)).load_train()) == 3
+    with pytest.raises(ConfigError, match=r"double in \{flipped, repeated, null\}"):
+        CityscapesFFREEDA(str(tmp_path), double="mirrored")
+
+
+def test_mapillary_test_images_keep_their_aspect_ratio_at_the_test_width(tmp_path):
+    base = tmp_path / "mapillary"
+    shapes = {"a": (20, 40), "b": (30, 40)}  # (height, width) of two validation images
+    (base / "data/validation/images").mkdir(parents=True)
+    (base / "data/validation/v1.2/labels").mkdir(parents=True)
+    for name, (h, w) in shapes.items():
+        pixels = np.random.default_rng(h).integers(0, 256, (h, w, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(base / f"data/validation/images/{name}.jpg")
+        labels = np.full((h, w), 13, dtype=np.uint8)  # road (train id 0) above, car (13) below the middle row
+        labels[h // 2 :] = 55
+        Image.fromarray(labels).save(base / f"data/validation/v1.2/labels/{name}.png")
+    test = {"x": [f"validation/images/{n}.jpg" for n in shapes]}
+    test["y"] = [f"validation/v1.2/labels/{n}.png" for n in shapes]
+    _leaf(base / "splits/clustering/test/test_user.json", {"test_user": test})
+    dataset = Mapillary(str(tmp_path), size=(H, W), test_width=16, num_workers=1)
+    pool = dataset.load_test()
+    first, second = pool.inputs[torch.tensor([0])], pool.inputs[torch.tensor([1])]
+    assert first.shape == (1, 3, 8, 16) and second.shape == (1, 3, 12, 16)  # 16·20/40 = 8, 16·30/40 = 12
+    mask = pool.targets[torch.tensor([1])][0]
+    assert mask.shape == (12, 16) and (mask[:6] == 0).all() and (mask[6:] == 13).all()
+    with pytest.raises(ConfigError, match="eval_batch_size=1"):
+        pool.inputs[torch.tensor([0, 1])]
+    fixed = Mapillary(str(tmp_path), size=(H, W), test_width=None, num_workers=1).load_test()
+    assert fixed.inputs[torch.tensor([0, 1])].shape == (2, 3, H, W)  # null: every test image at one size
+    with pytest.raises(ConfigError, match="set one to null"):
+        Mapillary(str(tmp_path), test_size=(H, W), test_width=16)

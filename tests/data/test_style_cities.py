@@ -80,5 +80,32 @@ def test_same_seed_same_data_other_seed_other_data():
 
 def test_bad_settings_are_reported_together():
     with pytest.raises(ConfigError) as error:
-        StyleCities(num_clients_per_city=0, client_size=(37, 17), client_jitter=-1.0)
-    assert len(error.value.problems) == 3 and "client_size as (min, max)" in str(error.value)
+        StyleCities(num_clients_per_city=0, client_size=(37, 17), client_jitter=-1.0, class_skew=0.0)
+    assert len(error.value.problems) == 4 and "client_size as (min, max)" in str(error.value)
+    assert "class_skew in (0, 1]" in str(error.value)
+
+
+def test_with_a_class_skew_each_city_favours_its_own_classes_and_the_source_stays_uniform():
+    kwargs = dict(num_object_classes=4, image_size=16, class_skew=0.5, num_test_per_city=200, seed=4)
+    target = StyleCities(num_clients_per_city=20, **kwargs)
+    train, test = target.load_train(), target.load_test()
+    city = np.array([list(CITIES).index(city_of(i)) for i in train.groups])
+    for index in range(4):
+        expected = 0.5 ** ((np.arange(4) - index) % 4) / (1 + 0.5 + 0.25 + 0.125)  # city i starts at class i·4/4 = i
+        shares = np.bincount(train.labels[city == index] - 1, minlength=4) / (city == index).sum()
+        assert np.abs(shares - expected).max() < 0.06  # ~550 images a city: a few points of sampling error
+        assert np.bincount(test.labels[test.groups == index] - 1, minlength=4).argmax() == index
+    source = StyleCities(domain="source", num_source_samples=2000, **kwargs).load_train()
+    assert np.abs(np.bincount(source.labels - 1, minlength=4) / 2000 - 0.25).max() < 0.04
+
+
+def test_sensor_noise_is_white_and_leaves_the_fda_window_almost_unchanged():
+    source = StyleCities(domain="source", num_source_samples=40, image_size=SIZE, normalise=False, seed=5)
+    clean = source.load_train().inputs * 0.8 + 0.1  # away from 0 and 1, so clipping does not bias the noise
+    noisy = Appearance(noise=0.08)(clean, torch.Generator().manual_seed(0))
+    assert abs((noisy - clean).std().item() - 0.08) < 0.005
+    window = lambda x: extract_style(x, b=1, size=(SIZE, SIZE))  # noqa: E731  the 3×3 amplitudes FDA transfers
+    power = lambda x: (torch.fft.fft2(x).abs() ** 2)[..., 8:25, 8:25].mean()  # noqa: E731  far from DC
+    assert (window(noisy) - window(clean)).norm() < 0.05 * window(clean).norm()
+    # white noise adds σ²·H·W of power at every frequency (Parseval)
+    torch.testing.assert_close(power(noisy) - power(clean), torch.tensor(0.08**2 * SIZE**2), rtol=0.1, atol=0)
