@@ -818,7 +818,6 @@ class FederatedTrainer:
             raise _RoundAbandoned
         if total and failed == total:
             where = f"; the tracebacks are in {self.run_dir / 'client_errors'}" if self.run_dir is not None else ""
-            first = f" (client {failures[0].client}: {failures[0].payload['error']})" if failures else ""
             last = None if self.run_dir is None else self.run_dir / "checkpoints" / ckpt_io.LAST
             kept = (
                 f" The last checkpoint, {last}, is intact: resume from it once fixed."
@@ -826,7 +825,7 @@ class FederatedTrainer:
                 else ""
             )
             raise ConfigError(
-                f"Every one of the {total} clients of round {round_idx} failed its local fit{first}{where}. "
+                f"Every one of the {total} clients of round {round_idx} failed its local fit{where}. "
                 f"Nothing is left to aggregate, so the run stopped.{kept} Pass --trainer.fail_fast=true to stop at "
                 "the first failure with its traceback."
             )
