@@ -102,8 +102,9 @@ class ScalarClient(FederatedClient):
         return MeanSquaredError()
 
 
-class Kill(Exception):
-    """Raised by :class:`KillAfterRound` to stop a run as a crash would."""
+class Kill(BaseException):
+    """Raised by :class:`KillAfterRound` to stop a run as a crash would: not an ``Exception``, so that no handler
+    of the run (e.g. the one that leaves a failing client out of its round) takes it for an error."""
 
 
 class KillAfterRound(RoundCallback):
