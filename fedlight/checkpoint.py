@@ -44,6 +44,8 @@ RESUMABLE_KEYS = (
     "trainer.callbacks",
     "trainer.init_from",
     "trainer.rewind",
+    "trainer.fail_fast",
+    "trainer.rendezvous_timeout",
     "ckpt_path",
     "config",
 )
