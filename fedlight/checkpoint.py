@@ -44,6 +44,9 @@ RESUMABLE_KEYS = (
     "trainer.callbacks",
     "trainer.init_from",
     "trainer.rewind",
+    "trainer.fail_fast",
+    "trainer.rendezvous_timeout",
+    "trainer.gather_budget_mb",
     "ckpt_path",
     "config",
 )

@@ -9,9 +9,23 @@ buffer per round combines the ranks.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
 
+import torch
 from lightning.fabric.strategies import DDPStrategy
+from torch.distributed.constants import default_pg_timeout
+
+from fedlight.errors import ConfigError
+
+#: environment variables by which a launcher tells a process where it stands in a multi-node run
+LAUNCHER_VARIABLES = {
+    "torchrun": ("MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
+    "SLURM (srun)": ("SLURM_NTASKS", "SLURM_PROCID"),
+    "LSF (jsrun)": ("LSB_JOBID", "JSM_NAMESPACE_RANK"),
+    "Lightning's variables": ("MASTER_ADDR", "NODE_RANK"),
+}
 
 
 class ClientParallelStrategy(DDPStrategy):
@@ -19,10 +33,56 @@ class ClientParallelStrategy(DDPStrategy):
 
     fedlight never calls ``fabric.setup(module)``; this subclass makes that explicit, so a module that
     is set up by accident is not wrapped in DDP.
+
+    Args:
+        rendezvous_timeout: seconds to wait for the other processes when the process group forms; the
+            collectives of the rounds keep PyTorch's default timeout (30 minutes).
     """
+
+    def __init__(self, *args, rendezvous_timeout: float = 300.0, **kwargs) -> None:
+        super().__init__(*args, timeout=timedelta(seconds=rendezvous_timeout), **kwargs)
+        self.rendezvous_timeout = rendezvous_timeout
 
     def setup_module(self, module):
         return module
+
+    def setup_environment(self) -> None:
+        try:
+            super().setup_environment()
+        except RuntimeError as err:  # torch's DistStoreError and gloo's timeouts are RuntimeErrors
+            if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():
+                raise
+            env = self.cluster_environment
+            raise ConfigError(
+                f"Waited {self.rendezvous_timeout:g} s (--trainer.rendezvous_timeout) at "
+                f"{env.main_address}:{env.main_port} for the {self.world_size} processes of "
+                f"--trainer.num_nodes={self.num_nodes} × --trainer.devices={self.num_processes}, but not all of them "
+                "came. Start the command on every node (README: Several processes and nodes), check that this "
+                "address and port can be reached from each node, or raise --trainer.rendezvous_timeout."
+            ) from None
+        if torch.distributed.is_initialized():  # the rounds' collectives wait as long as PyTorch's default
+            torch.distributed.distributed_c10d._set_pg_timeout(default_pg_timeout)
+
+
+def missing_launcher(num_nodes: int, devices: int, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The problem of a multi-node run started without a launcher, which would wait for the others forever.
+
+    >>> missing_launcher(2, 4, environ={"MASTER_ADDR": "n1", "RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "0"})
+    []
+    >>> len(missing_launcher(2, 4, environ={}))
+    1
+    """
+    if num_nodes == 1 or any(all(v in environ for v in names) for names in LAUNCHER_VARIABLES.values()):
+        return []
+    found = "; ".join(f"{launcher}: {', '.join(names)}" for launcher, names in LAUNCHER_VARIABLES.items())
+    return [
+        f"--trainer.num_nodes={num_nodes} needs a launcher that starts the command on every node, but none set "
+        f"its variables ({found}), so this process would wait for the other nodes forever. On every node run:\n"
+        f"  torchrun --nnodes={num_nodes} --nproc_per_node={devices} --node_rank=<this node's rank, 0…"
+        f"{num_nodes - 1}> --master_addr=<node 0's address> --master_port=29500 -m fedlight fit <your flags>\n"
+        f"or, under SLURM, srun with --ntasks-per-node={devices}. On one machine, use --trainer.num_nodes=1 "
+        "and --trainer.devices for its processes."
+    ]
 
 
 def assign_clients(costs: Sequence[float], world_size: int) -> list[list[int]]:

@@ -24,12 +24,21 @@ class RunInterrupted(KeyboardInterrupt):
         checkpoint: the checkpoint to resume from, or None when the run wrote none.
         round: the rounds completed and saved in ``checkpoint``.
         saved: whether the run wrote ``checkpoint`` as it stopped (false when a second signal stopped it at once).
+        dropped: whether the run stopped between the clients of round ``round + 1`` and dropped that round's work.
     """
 
-    def __init__(self, signal_name: str, checkpoint: Path | None, round: int | None, saved: bool) -> None:
+    def __init__(
+        self, signal_name: str, checkpoint: Path | None, round: int | None, saved: bool, dropped: bool = False
+    ) -> None:
         self.signal_name, self.checkpoint, self.round, self.saved = signal_name, checkpoint, round, saved
+        self.dropped = dropped
         if checkpoint is None:
             message = f"stopped by {signal_name} before any checkpoint was written"
+        elif dropped:
+            message = (
+                f"stopped by {signal_name} during round {round + 1}, whose unfinished work is dropped; the checkpoint "
+                f"{checkpoint} holds the state that round started from"
+            )
         elif saved:
             message = f"stopped by {signal_name} after round {round}; the checkpoint {checkpoint} holds it"
         else:
@@ -37,7 +46,7 @@ class RunInterrupted(KeyboardInterrupt):
         super().__init__(message)
 
     def __reduce__(self):  # crosses from a forked rank 0 to the process that launched it
-        return type(self), (self.signal_name, self.checkpoint, self.round, self.saved)
+        return type(self), (self.signal_name, self.checkpoint, self.round, self.saved, self.dropped)
 
     @property
     def exit_code(self) -> int:

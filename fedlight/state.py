@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fedlight.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class _Entry:
@@ -68,7 +70,11 @@ def frozen_state_names(module: nn.Module, frozen_modules: Iterable[str] = ()) ->
     """
     frozen_modules = tuple(frozen_modules)
     unknown = [name for name in frozen_modules if name not in dict(module.named_modules())]
-    assert not unknown, f"frozen_modules names {unknown}, which are not submodules of {type(module).__name__}"
+    if unknown:
+        raise ConfigError(
+            f"{type(module).__name__}.frozen_modules names {unknown}, which are not submodules of the model; "
+            f"name modules of model.named_modules(), e.g. {[n for n, _ in module.named_modules()][1:4]}."
+        )
     names = {name for name, p in module.named_parameters() if not p.requires_grad}
     for prefix in frozen_module_names(module, frozen_modules):
         sub = module.get_submodule(prefix) if prefix else module

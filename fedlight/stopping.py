@@ -1,8 +1,11 @@
-"""Stopping a run on request: the first SIGINT (Ctrl-C) or SIGTERM asks the run to stop after the round in
-progress, with a checkpoint; a second one stops it at once.
+"""Stopping a run on request: the first SIGINT (Ctrl-C) or SIGTERM asks the run to stop with a checkpoint; a
+second one stops it at once.
 
 A round is the unit a checkpoint can hold: a run resumed from it ends with exactly the numbers of an
-uninterrupted one. SIGTERM is what schedulers (SLURM, Kubernetes) send before they kill a job.
+uninterrupted one. A request that comes while clients train stops the run once the client in training
+finishes, without waiting for the others: the unfinished round is dropped and the checkpoint holds the state
+it started from. One that comes later in the round (aggregation, evaluation) ends that round with a
+checkpoint. SIGTERM is what schedulers (SLURM, Kubernetes) send before they kill a job.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ class StopRequest:
         self.requested = name
         if self.announce:
             print(
-                f"fedlight: {name} received: stopping after the round in progress and writing a checkpoint "
-                f"(send it again to stop at once, without saving that round).",
+                f"fedlight: {name} received: stopping once the client in training finishes (the unfinished round "
+                f"is dropped and resumes from its start) and writing a checkpoint (send {name} again to stop at once).",
                 file=sys.stderr,
                 flush=True,
             )

@@ -104,7 +104,7 @@ class ScalarClient(FederatedClient):
 
 class Kill(BaseException):
     """Raised by :class:`KillAfterRound` to stop a run as a crash would. Not an ``Exception``: the trainer saves the
-    round when a callback raises one, and a crash leaves nothing saved."""
+    round when a callback raises one, and leaves a client that raises one out of its round; a crash does neither."""
 
 
 class KillAfterRound(RoundCallback):

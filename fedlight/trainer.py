@@ -22,12 +22,14 @@ hooks' first argument.
 from __future__ import annotations
 
 import errno
+import io
 import logging
 import math
 import os
 import pickle
 import tempfile
 import time
+import traceback
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -48,7 +50,7 @@ from fedlight.clients.base import FederatedClient, LocalFit
 from fedlight.console import RunConsole
 from fedlight.context import RunContext
 from fedlight.data.datamodule import FederatedDataModule
-from fedlight.distributed import ClientParallelStrategy, assign_clients
+from fedlight.distributed import ClientParallelStrategy, assign_clients, missing_launcher
 from fedlight.errors import ConfigError, RunInterrupted
 from fedlight.gather import ClientStates
 from fedlight.loggers import RoundCSV, client_spread, histogram_metrics, scalar_metrics, wandb_logger
@@ -82,8 +84,7 @@ class FederatedTrainer:
             F' ~ UniformInt{1, …, F−1} epochs; the strategy drops or tolerates them.
         eval_every: evaluate the global model every this many rounds (and after the last one).
         checkpoint_every: write ``checkpoints/last.ckpt`` every this many rounds (and after the last one, and
-            after the round in which SIGINT or SIGTERM asked the run to stop); the one before stays as
-            ``previous.ckpt``.
+            when SIGINT or SIGTERM stops the run); the one before stays as ``previous.ckpt``.
         accelerator: Fabric accelerator: ``cpu``, ``cuda``, ``mps`` or ``auto``.
         devices: processes per node; with more than one, each round's clients are spread over them
             (greedy by size) and aggregated with one all-reduce.
@@ -139,6 +140,13 @@ class FederatedTrainer:
             gathered from all processes, so no process holds every client's whole state. Rules that need whole
             states read them at once whatever the budget, with a warning. ``trainer.gather_peak_nbytes`` reports
             the largest block of the last round.
+        fail_fast: stop the run when a client's local fit raises an exception. By default such a client is left
+            out of the round, counted in ``round/clients_failed``, its traceback written to
+            ``<run_dir>/client_errors/round<r>_client<k>.txt`` and a warning printed; the run goes on unless every
+            client of a round failed. A ``ConfigError`` always stops the run.
+        rendezvous_timeout: seconds a process of a multi-process run waits for the others to join when the run
+            starts (the all-reduces of the rounds keep PyTorch's 30 minutes); after it the run stops with an error
+            naming the address, port and process count it waited for.
     """
 
     def __init__(
@@ -173,6 +181,8 @@ class FederatedTrainer:
         max_update_ratio: float | None = 1000.0,
         rewind: bool = False,
         gather_budget_mb: float = 1024.0,
+        fail_fast: bool = False,
+        rendezvous_timeout: float = 300.0,
     ) -> None:
         problems = []
         for flag, value in [
@@ -214,6 +224,9 @@ class FederatedTrainer:
                 f"Expected --trainer.gather_budget_mb > 0 (MiB of gathered client states per block), got "
                 f"{gather_budget_mb}; the default 1024 holds 10 states of 26 M parameters in one block."
             )
+        if not rendezvous_timeout > 0:
+            problems.append(f"Expected --trainer.rendezvous_timeout > 0 seconds, got {rendezvous_timeout}.")
+        problems += missing_launcher(num_nodes, devices)
         problems += check_root(Path(default_root_dir), name)
         if problems:
             raise ConfigError(*problems)
@@ -223,6 +236,8 @@ class FederatedTrainer:
         self.max_update_ratio = max_update_ratio
         self.rewind = rewind
         self.gather_budget_mb = gather_budget_mb
+        self.fail_fast = fail_fast
+        self.rendezvous_timeout = rendezvous_timeout
         self.rounds = rounds
         self.clients_per_round = clients_per_round
         self.local_epochs = local_epochs
@@ -243,7 +258,11 @@ class FederatedTrainer:
         self.enable_progress_bar = enable_progress_bar
         # The command line seeds everything before instantiating anything; PL_GLOBAL_SEED is that seed.
         self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
-        strategy = "auto" if devices * num_nodes == 1 else ClientParallelStrategy(start_method=start_method)
+        strategy = (
+            "auto"
+            if devices * num_nodes == 1
+            else ClientParallelStrategy(start_method=start_method, rendezvous_timeout=rendezvous_timeout)
+        )
         self.fabric = Fabric(
             accelerator=accelerator,
             devices=devices,
@@ -270,6 +289,8 @@ class FederatedTrainer:
         self._forked = False  # true inside the processes that start_method=fork created
         self._lock: RunLock | None = None
         self._interrupted: RunInterrupted | None = None
+        self._stop: StopRequest | None = None  # the run's stop request, looked at between clients
+        self._saved_round: int | None = None  # the round that checkpoints/last.ckpt holds, once this run wrote it
         #: digests of the partition and the samples (``checkpoint.data_fingerprint``), checked on resume
         self.data_fingerprint: dict[str, str] | None = None
 
@@ -306,7 +327,8 @@ class FederatedTrainer:
             The last round's metrics.
 
         Raises:
-            RunInterrupted: after SIGINT (Ctrl-C) or SIGTERM: the run stopped after the round in progress and
+            RunInterrupted: after SIGINT (Ctrl-C) or SIGTERM: the run stopped once the client in training finished,
+                dropping the unfinished round (or, for a signal after the round's clients, after that round), and
                 wrote a checkpoint (a second signal stops it at once); the exception names the checkpoint.
         """
         self._interrupted = None
@@ -346,7 +368,9 @@ class FederatedTrainer:
                 self._lock = None
 
     def _rounds(self, stop: StopRequest) -> dict[str, float]:
-        """The rounds from ``self.round`` on; after a stop request, the one in progress ends with a checkpoint.
+        """The rounds from ``self.round`` on, until a stop request: one met while clients train drops the unfinished
+        round once the client in training finishes and checkpoints the state the round started from; one met
+        later ends the round with a checkpoint.
 
         A round callback that raises in a round's hooks or at the end does not lose the rounds done: the round
         is logged and checkpointed first, then the run stops with :class:`CallbackFailed` naming the callback
@@ -354,6 +378,7 @@ class FederatedTrainer:
         """
         fabric, context = self.fabric, self.context
         last_ckpt = self.run_dir / "checkpoints" / ckpt_io.LAST
+        self._stop = stop
         fabric.call("on_fit_start", context)
         self.strategy.on_fit_start(context)
         self._setup_clusters()
@@ -366,12 +391,16 @@ class FederatedTrainer:
         metrics: dict[str, float] = self.history[-1] if self.history else {}
         for round_idx in range(self.round, self.rounds):
             started = time.perf_counter()
+            start_state = self._round_start_state(round_idx)
             failure = self._call_callbacks("on_round_start", context, round_idx)
             if failure is not None:
                 if self.round > first:  # the rounds since the last checkpoint
                     self.save_checkpoint(last_ckpt)
                 raise self._callback_failure(failure, metrics, self.round - first)
-            metrics = {"round": float(round_idx), **self._run_round(round_idx)}
+            try:
+                metrics = {"round": float(round_idx), **self._run_round(round_idx)}
+            except _RoundAbandoned:
+                return self._abandon(round_idx, start_state, metrics, first)
             last = round_idx == self.rounds - 1
             if (round_idx + 1) % self.eval_every == 0 or last:
                 metrics.update(self._evaluate(clients=True, test=True))
@@ -382,6 +411,7 @@ class FederatedTrainer:
             stopping = self._stop_requested(stop)
             if self.round % self.checkpoint_every == 0 or last or stopping or failure is not None:
                 self.save_checkpoint(last_ckpt)
+                self._saved_round = self.round
             console.round_end(round_idx, self.rounds, metrics)
             if failure is not None:
                 raise self._callback_failure(failure, metrics, self.round - first)
@@ -462,6 +492,37 @@ class FederatedTrainer:
             stop.requested = stop.requested or ("SIGTERM" if requested else None)  # another process's signal
         return requested
 
+    def _round_start_state(self, round_idx: int) -> bytes | None:
+        """Rank 0's run state as round ``round_idx`` starts, serialised, for a stop that drops the round; None
+        when ``last.ckpt`` holds it already (and on other ranks, which write no checkpoint)."""
+        if self.fabric.global_rank != 0 or self._saved_round == round_idx:
+            return None
+        buffer = io.BytesIO()
+        torch.save(self._run_state(), buffer)
+        return buffer.getvalue()
+
+    def _abandon(self, round_idx: int, start_state: bytes | None, metrics: dict[str, float], first: int):
+        """Ends the run in round ``round_idx`` after a stop request met between its clients: the partial round is
+        dropped, nothing of it is aggregated, and ``last.ckpt`` holds the state the round started from, which
+        this process takes back, so that a resume repeats the round exactly."""
+        path = self.run_dir / "checkpoints" / ckpt_io.LAST
+        if self.fabric.global_rank == 0:
+            if start_state is None:
+                state = ckpt_io.load(path)
+            else:
+                state = torch.load(io.BytesIO(start_state), map_location="cpu", weights_only=True)
+                ckpt_io.save_atomic(state, path)
+            self._load_run_state(state)
+            if self.bank.num_clusters and state["bank"] is not None:
+                self.bank.load_state_dict(state["bank"])
+        self.fabric.barrier()
+        self.round = self._saved_round = round_idx
+        self.console.end(metrics, self.run_dir, round_idx - first)
+        self._finish_loggers()
+        name = self._stop.requested or "SIGTERM"  # no name here: another process received the signal
+        self._interrupted = RunInterrupted(name, path.absolute(), round_idx, saved=True, dropped=True)
+        return metrics
+
     # -- processes -----------------------------------------------------------------------------------
     def _in_processes(self, work: Callable[..., dict[str, float]], model, datamodule, strategy, *args, **kwargs):
         """Runs ``work`` on every rank: here (one process, or ``popen``, where this process is rank 0 and
@@ -473,14 +534,26 @@ class FederatedTrainer:
         # A Ctrl-C reaches the forked processes too, which end their round and save; this one waits for them.
         with tempfile.TemporaryDirectory(prefix="fedlight-fork-") as folder, StopRequest(announce=False):
             outcome_file = Path(folder) / "outcome.pkl"
-            self.fabric.launch(self._forked_work, outcome_file, work, model, datamodule, strategy, *args, **kwargs)
+            try:
+                self.fabric.launch(self._forked_work, outcome_file, work, model, datamodule, strategy, *args, **kwargs)
+            except Exception:
+                if not outcome_file.is_file():
+                    raise
             outcome = pickle.loads(outcome_file.read_bytes())
+        if "error" in outcome:  # as the error would have come out of one process
+            raise outcome["error"] from None
         self._adopt(outcome, model, datamodule, strategy)
         return outcome["result"]
 
     def _forked_work(self, fabric: Fabric, outcome_file: Path, work, *args, **kwargs) -> None:
+        """``work`` on one forked rank; rank 0 hands its outcome, or the ConfigError that stopped it, back."""
         self._forked = True
-        result = work(*args, **kwargs)
+        try:
+            result = work(*args, **kwargs)
+        except ConfigError as err:  # reported once, by the launching process, as a one-process run reports it
+            if fabric.global_rank == 0:
+                outcome_file.write_bytes(pickle.dumps({"error": err}))
+            return
         if fabric.global_rank == 0:
             outcome = {
                 "result": result,
@@ -735,15 +808,15 @@ class FederatedTrainer:
         training = [p for p in plans if not p.dropped]
         costs = [float(data.num_samples[p.client] * p.epochs) for p in training]
         mine = [training[i] for i in assign_clients(costs, fabric.world_size)[fabric.global_rank]]
-        sums = RoundSums(
-            self.layout.numel, strategy.weight_channels, fabric.device, bank.index, bank.num_clusters
-        )
+        sums = RoundSums(self.layout.numel, strategy.weight_channels, fabric.device, bank.index, bank.num_clusters)
         self.aggregation_nbytes = self.global_state.nbytes + sums.nbytes
         integers: dict[str, torch.Tensor] = {}  # the largest value of each integer buffer among clients
         states = ClientStates()  # this process's clients' states, only for rules that gather them
         updates = []
         for update, state in self._client_fits(round_idx, mine):
             updates.append(update)
+            if "error" in update.payload:  # its local fit raised: nothing to aggregate
+                continue
             if not update.finite:
                 warnings.warn(
                     f"Client {update.client} returned a state with NaN/Inf in round {round_idx}; it is left out "
@@ -771,14 +844,70 @@ class FederatedTrainer:
         return updates, sums, states, integers
 
     def _client_fits(self, round_idx: int, plans: list[ClientPlan]) -> Iterator[tuple[ClientUpdate, torch.Tensor]]:
-        """Each of ``plans``' update and final state: one client after another, or vectorised in chunks."""
+        """Each of ``plans``' update and final state: one client after another, or vectorised in chunks.
+
+        A client whose fit raises yields a failed update and no state (see ``fail_fast``). After a stop request
+        no further client starts, and the round is abandoned on every rank (:class:`_RoundAbandoned`).
+        """
         chunk = self._batching_chunk(plans)
         if chunk is None:
-            for plan in self.console.clients(plans, round_idx):
-                yield self._fit_client(round_idx, plan)
-            return
-        for start in range(0, len(plans), chunk):
-            yield from self._fit_clients_batched(round_idx, plans[start : start + chunk])
+            groups: Iterator[list[ClientPlan]] = ([plan] for plan in self.console.clients(plans, round_idx))
+        else:
+            groups = (plans[start : start + chunk] for start in range(0, len(plans), chunk))
+        skipped, failures = False, []
+        for group in groups:
+            if self._stop is not None and self._stop.requested is not None:
+                skipped = True  # the clients from this one on would be thrown away with the round
+                break
+            try:
+                if chunk is None:
+                    fits = [self._fit_client(round_idx, group[0])]
+                else:
+                    fits = list(self._fit_clients_batched(round_idx, group))
+            except ConfigError:
+                raise
+            except Exception as err:
+                if self.fail_fast:
+                    raise
+                fits = [self._failed_fit(round_idx, plan, err) for plan in group]
+                failures += [update for update, _ in fits]
+            yield from fits
+        self._check_client_fits(round_idx, skipped, failures, len(plans))
+
+    def _failed_fit(self, round_idx: int, plan: ClientPlan, err: Exception) -> tuple[ClientUpdate, None]:
+        """The update of a client whose local fit raised ``err``; its traceback goes to the run folder."""
+        if self.run_dir is not None:
+            folder = self.run_dir / "client_errors"
+            folder.mkdir(parents=True, exist_ok=True)
+            text = "".join(traceback.format_exception(err))
+            (folder / f"round{round_idx}_client{plan.client}.txt").write_text(text)
+        update = ClientUpdate(plan.client, int(self.datamodule.num_samples[plan.client]), plan.epochs, 0, math.nan)
+        update.finite = False
+        update.payload["error"] = f"{type(err).__name__}: {err}".splitlines()[0]
+        return update, None
+
+    def _check_client_fits(self, round_idx: int, skipped: bool, failures: list[ClientUpdate], trained: int) -> None:
+        """After this rank's clients: abandons the round on every rank if any rank skipped clients after a stop
+        request, and stops the run if every client of the round failed. One all-reduce of three numbers."""
+        counts = torch.tensor([float(skipped), float(len(failures)), float(trained)], device=self.fabric.device)
+        if self.fabric.world_size > 1:
+            counts = self.fabric.all_reduce(counts, reduce_op="sum")
+        any_skipped, failed, total = (int(c) for c in counts.tolist())
+        if any_skipped:
+            raise _RoundAbandoned
+        if total and failed == total:
+            where = f"; the tracebacks are in {self.run_dir / 'client_errors'}" if self.run_dir is not None else ""
+            last = None if self.run_dir is None else self.run_dir / "checkpoints" / ckpt_io.LAST
+            kept = (
+                f" The last checkpoint, {last}, is intact: resume from it once fixed."
+                if last and last.is_file()
+                else ""
+            )
+            raise ConfigError(
+                f"Every one of the {total} clients of round {round_idx} failed its local fit{where}. "
+                f"Nothing is left to aggregate, so the run stopped.{kept} Pass --trainer.fail_fast=true to stop at "
+                "the first failure with its traceback."
+            )
 
     def _batching_chunk(self, plans: list[ClientPlan]) -> int | None:
         """How many clients to vectorise at once, or ``None`` for the sequential loop."""
@@ -853,12 +982,16 @@ class FederatedTrainer:
 
     def _round_metrics(self, round_idx, plans, updates, aggregated) -> dict[str, float]:
         outsized = sum("update_norm" in u.payload for u in updates if not u.finite)
+        failed = [u for u in updates if "error" in u.payload]
+        if failed:
+            self._warn_failed(round_idx, failed, len(updates))
         metrics = {
             "round/clients_sampled": float(len(plans)),
             "round/clients_aggregated": float(len(aggregated)),
             "round/clients_dropped": float(sum(p.dropped for p in plans)),
-            "round/clients_nonfinite": float(len(updates) - len(aggregated) - outsized),
+            "round/clients_nonfinite": float(len(updates) - len(aggregated) - outsized - len(failed)),
             "round/clients_outsized": float(outsized),
+            "round/clients_failed": float(len(failed)),
         }
         if aggregated:
             sizes = np.array([u.num_samples for u in aggregated], dtype=np.float64)
@@ -866,6 +999,19 @@ class FederatedTrainer:
             metrics["train/loss"] = float((sizes * losses).sum() / sizes.sum())
         metrics.update(self.strategy.on_round_end(self.context, round_idx, aggregated))
         return metrics
+
+    def _warn_failed(self, round_idx: int, failed: list[ClientUpdate], trained: int) -> None:
+        """One warning per round (rank 0) for the clients whose local fit raised."""
+        if self.fabric.global_rank != 0:
+            return
+        listed = ", ".join(f"client {u.client} ({u.payload['error']})" for u in failed[:3])
+        more = f" and {len(failed) - 3} more" if len(failed) > 3 else ""
+        where = "" if self.run_dir is None else f"; tracebacks in {self.run_dir / 'client_errors'}"
+        warnings.warn(
+            f"{len(failed)} of {trained} clients failed their local fit in round {round_idx} and are left out of "
+            f"the aggregate: {listed}{more}{where}. Pass --trainer.fail_fast=true to stop at the first failure.",
+            stacklevel=1,
+        )
 
     def _fit_client(self, round_idx: int, plan: ClientPlan) -> tuple[ClientUpdate, torch.Tensor]:
         """Local training of one client on the resident module; returns its update and flat state."""
@@ -1182,6 +1328,10 @@ class FederatedTrainer:
         gathered: list[Any] = [None] * self.fabric.world_size
         torch.distributed.all_gather_object(gathered, obj)
         return gathered
+
+
+class _RoundAbandoned(Exception):
+    """Raised on every rank when a stop request ends the local fits of a round before all clients trained."""
 
 
 def _seed_torch(seed: int, device: torch.device) -> None:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedlight.errors import ConfigError
+
 
 @dataclass
 class LabelledTensors:
@@ -35,15 +37,18 @@ class LabelledTensors:
     labels: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        assert self.inputs.shape[0] == self.targets.shape[0], (
-            f"{self.inputs.shape[0]} inputs but {self.targets.shape[0]} targets"
-        )
-        assert self.groups is None or len(self.groups) == len(self.targets), (
-            f"{len(self.groups)} group ids for {len(self.targets)} samples"
-        )
-        assert self.labels is None or len(self.labels) == len(self.targets), (
-            f"{len(self.labels)} partition labels for {len(self.targets)} samples"
-        )
+        problems = []
+        if self.inputs.shape[0] != self.targets.shape[0]:
+            problems.append(f"{self.inputs.shape[0]} inputs but {self.targets.shape[0]} targets")
+        if self.groups is not None and len(self.groups) != len(self.targets):
+            problems.append(f"{len(self.groups)} group ids for {len(self.targets)} samples")
+        if self.labels is not None and len(self.labels) != len(self.targets):
+            problems.append(f"{len(self.labels)} partition labels for {len(self.targets)} samples")
+        if problems:
+            raise ConfigError(
+                f"The --data dataset gives {'; '.join(problems)}: every sample needs one input, one target"
+                " (and one group id or partition label where given). Fix the arrays the dataset reads."
+            )
 
     def __len__(self) -> int:
         return int(self.targets.shape[0])
@@ -52,9 +57,11 @@ class LabelledTensors:
         """``[N]`` int64: the one class per sample that partitioners split by."""
         if self.labels is not None:
             return np.asarray(self.labels, dtype=np.int64)
-        assert isinstance(self.targets, torch.Tensor) and self.targets.ndim == 1, (
-            "dense or lazy targets need LabelledTensors.labels for the partitioner"
-        )
+        if not (isinstance(self.targets, torch.Tensor) and self.targets.ndim == 1):
+            raise ConfigError(
+                "The --data dataset gives dense or lazily read targets but no LabelledTensors.labels: a partitioner "
+                "needs one class per sample. Set labels in the dataset's load_train, or use the Natural partitioner."
+            )
         return self.targets.cpu().numpy()
 
     def to(self, device: torch.device | str) -> LabelledTensors:

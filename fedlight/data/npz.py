@@ -36,6 +36,13 @@ class NpzDataset(FederatedDataset):
                     f"{self.path} lacks the arrays {sorted(missing)}; it has {sorted(arrays.files)}. "
                     "Save it with numpy.savez(path, inputs=x, targets=y)."
                 )
+            lengths = {name: len(arrays[name]) for name in ("inputs", "targets", "groups") if name in arrays.files}
+            if len(set(lengths.values())) > 1:
+                found = ", ".join(f"{len_} {name}" for name, len_ in lengths.items())
+                raise ConfigError(
+                    f"--data.dataset.init_args.path={self.path} holds {found}: every sample needs one of each. "
+                    "Save arrays of one length with numpy.savez(path, inputs=x, targets=y, groups=client_ids)."
+                )
             self.input_shape = tuple(arrays["inputs"].shape[1:])
             self.num_classes = num_classes if num_classes is not None else int(arrays["targets"].max()) + 1
 

@@ -73,5 +73,9 @@ class TinyImageNet(FederatedDataset):
                 f"{', '.join(missing)}. Download {_URL} and unzip it, then point root at its tiny-imagenet-200/ folder."
             )
         classes = sorted((root / "wnids.txt").read_text().split())
-        assert len(classes) == self.num_classes, f"{root / 'wnids.txt'} lists {len(classes)} classes, not 200"
+        if len(classes) != self.num_classes:
+            raise ConfigError(
+                f"{root / 'wnids.txt'} lists {len(classes)} classes, not {self.num_classes}: "
+                f"--data.dataset.init_args.root={self.root} is not an intact TinyImageNet. Unzip {_URL} again."
+            )
         return classes

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from fedlight.errors import ConfigError
+
 
 def weighted_average(states: torch.Tensor, weights: torch.Tensor | Sequence[float]) -> torch.Tensor:
     """Returns Σ_k w_k θ_k / Σ_k w_k (FedAvg, Eq. 3 of the prototype-margin paper with w_k = n_k).
@@ -120,7 +122,8 @@ def server_momentum(
     >>> w.item(), v.item()
     (2.5, 1.5)
     """
-    assert form in ("hsu", "ema"), f"unknown server momentum form {form!r}"
+    if form not in ("hsu", "ema"):
+        raise ConfigError(f"Expected --strategy.init_args.form to be 'hsu' or 'ema', got {form!r}.")
     pseudo_gradient = global_state - aggregate  # Δ: updates are the opposite of gradients
     step = pseudo_gradient if form == "hsu" else (1.0 - beta) * pseudo_gradient
     velocity = beta * velocity + step
