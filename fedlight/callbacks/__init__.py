@@ -7,6 +7,7 @@ from fedlight.callbacks.entropy_maps import EntropyMaps
 from fedlight.callbacks.feature_discrepancy import FeatureDiscrepancy
 from fedlight.callbacks.gradient_dissimilarity import GradientDissimilarity
 from fedlight.callbacks.partition_summary import PartitionSummary
+from fedlight.callbacks.per_image_scores import PerImageScores
 from fedlight.callbacks.tsne import FeatureTSNE
 
 __all__ = [
@@ -18,5 +19,6 @@ __all__ = [
     "FeatureTSNE",
     "GradientDissimilarity",
     "PartitionSummary",
+    "PerImageScores",
     "RoundCallback",
 ]
