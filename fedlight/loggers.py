@@ -79,7 +79,10 @@ def wandb_logger(
     # No `offline=True`: Lightning would then set WANDB_MODE in this process's environment for good.
     logger = WandbLogger(
         project=project or os.environ.get("WANDB_PROJECT") or "fedlight",
-        entity=entity,  # None: wandb reads WANDB_ENTITY, else the account's default entity
+        # Read here rather than left to wandb: W&B reads its environment once per process, so a second run in
+        # the same process (a sweep in a notebook) would otherwise miss a changed WANDB_ENTITY. Unset: the
+        # account's default entity.
+        entity=entity or os.environ.get("WANDB_ENTITY") or None,
         name=name,
         id=run_id,
         save_dir=str(run_dir),

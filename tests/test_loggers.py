@@ -100,3 +100,12 @@ def test_an_offline_run_starts_without_a_wandb_warning(tmp_path, monkeypatch, ca
     _run_fields(tmp_path)
     out = capfd.readouterr()
     assert "WARNING" not in out.err + out.out
+
+
+def test_a_second_run_in_one_process_reads_a_changed_entity(tmp_path, monkeypatch):
+    # W&B reads its environment once per process; a sweep in a notebook changes WANDB_ENTITY between runs.
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_ENTITY", "first_team")
+    assert _run_fields(tmp_path / "a")["entity"] == "first_team"
+    monkeypatch.setenv("WANDB_ENTITY", "second_team")
+    assert _run_fields(tmp_path / "b")["entity"] == "second_team"
