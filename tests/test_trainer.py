@@ -235,13 +235,17 @@ def test_wandb_logs_offline_and_a_resumed_run_keeps_its_id(tmp_path, monkeypatch
     first = make_trainer(tmp_path, rounds=1, logger=["csv", "wandb"])
     first.fit(make_model(), synthetic_data(), FedAvg())
     run_id = first.wandb_id
-    assert [p.name.endswith(f"-{run_id}") for p in (first.run_dir / "wandb").glob("offline-run-*")] == [True]
+    # each offline run folder holds run-<id>.wandb; W&B suffixes the folder's name ("-1") when two runs
+    # start within the same second, so the id is read from the file, not from the folder's name
+    def run_ids():
+        return [sorted(f.name for f in d.glob("run-*.wandb")) for d in sorted((first.run_dir / "wandb").glob("offline-run-*"))]
+
+    assert run_ids() == [[f"run-{run_id}.wandb"]]
 
     resumed = make_trainer(tmp_path, rounds=2, logger=["csv", "wandb"])
     resumed.fit(make_model(), synthetic_data(), FedAvg(), ckpt_path=first.run_dir / "checkpoints" / "last.ckpt")
     assert resumed.wandb_id == run_id
-    runs = sorted((first.run_dir / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(p.name.endswith(f"-{run_id}") for p in runs)
+    assert run_ids() == [[f"run-{run_id}.wandb"]] * 2
 
 
 class RecordingCallback(RoundCallback):
