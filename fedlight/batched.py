@@ -17,6 +17,11 @@ What stays exactly as in the sequential loop:
 - a client that has run all its steps stops: its final state is taken then, and later steps of the others
   do not touch it.
 
+Once no more than ``sequential_below`` clients are still training (by default one: the round's largest
+client, alone for the end of the round), vectorising no longer pays: a ``vmap``'d step costs several plain
+steps in fixed overhead. Those clients finish on the resident module itself, one after another, each from
+its slice of the stacked parameters and optimizer state.
+
 What differs: float rounding. A batched matrix product may sum in another order than K separate ones, so
 the global model agrees with the sequential one to float tolerance, not bit for bit.
 
@@ -93,13 +98,24 @@ class BatchedLocalFit:
         precision: Fabric's precision plugin (``convert_input``, ``forward_context``).
     """
 
-    def __init__(self, module: nn.Module, layout: FlatState, precision: Any) -> None:
+    #: Clients still training when they finish on the resident module instead (see the module's docstring).
+    sequential_below: int = 1
+
+    def __init__(self, module: nn.Module, layout: FlatState, precision: Any, compile: bool = False) -> None:
         self.layout = layout
         self.precision = precision
+        named = dict(module.named_parameters())
+        self._params = [named[e.name] for e in layout.entries]  # the resident module's, in the stack's order
         self.dtype = next(module.parameters()).dtype  # the module's weights (fp64 under 64-true)
         self.step = _TrainingStep(module)
-        step_fn = grad_and_value(self._loss)
-        self._grads = vmap(step_fn, in_dims=(0, 0, 0))
+        self._grads = vmap(grad_and_value(self._loss), in_dims=(0, 0, 0))
+        self._compiled = None
+        if compile:
+            # one graph per (stack size, batch size): stacks are padded to powers of two and only full batches
+            # are compiled, so a run compiles a handful of graphs; dynamo's default limit of 8 is raised for them
+            dynamo = torch._dynamo.config
+            dynamo.recompile_limit = max(dynamo.recompile_limit, 64)
+            self._compiled = torch.compile(self._grads)
 
     def _loss(self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return functional_call(self.step, params, (x, y))
@@ -127,42 +143,209 @@ class BatchedLocalFit:
             start[:, e.offset : e.offset + e.numel].reshape(k, *e.shape).clone().requires_grad_(True) for e in entries
         ]
         optimizer = make_optimizer(stacked)
-        names = [f"client.{e.name}" for e in entries]
-        slots = list(range(k))  # stack position → client: the clients still training
+        # stack position → client still training, or None for a spare position: a compiled stack keeps its size
+        # (k, then powers of two) while clients finish, so that its graphs are few and need no gather
+        slots: list[int | None] = list(range(k))
         loss_sums = torch.zeros(k, dtype=torch.float32, device=start.device)
         finals: list[torch.Tensor | None] = [start[i].float() if not batches[i] else None for i in range(k)]
+        full_size = max((len(batch[1]) for client in batches for batch in client), default=0)
         for j in range(max((len(b) for b in batches), default=0)):
-            active = [i for i in slots if j < len(batches[i])]
-            if len(active) < len(slots):  # drop the finished clients from the stack once, not at every step
-                stacked, optimizer = _compact(stacked, optimizer, [slots.index(i) for i in active], make_optimizer)
-                slots = active
+            active = [i for i in slots if i is not None and j < len(batches[i])]
+            # too few left for a vectorised step to pay (a compiled one pays even for one client)
+            if len(active) <= (0 if self._compiled else self.sequential_below):
+                for i in active:
+                    loss_sum, finals[i] = self._finish_alone(
+                        stacked, optimizer, slots.index(i), batches[i][j:], make_optimizer
+                    )
+                    loss_sums[i] += loss_sum
+                break
+            size = self._stack_size(len(active), k)
+            if size < len(slots):
+                keep = [slots.index(i) for i in active]
+                keep += keep[:1] * (size - len(keep))  # spare positions: copies, trained on copies, never read
+                stacked, optimizer = _compact(stacked, optimizer, keep, make_optimizer)
+                slots = active + [None] * (size - len(active))
+            slots = [i if i is not None and j < len(batches[i]) else None for i in slots]
             by_size: dict[int, list[int]] = {}  # clients whose batches have one size are vectorised together
             for position, i in enumerate(slots):
-                by_size.setdefault(len(batches[i][j][1]), []).append(position)
-            whole = len(by_size) == 1  # the usual case: every client in one group, no gather or scatter
-            grads = None if whole else [torch.zeros_like(p) for p in stacked]
-            for positions in by_size.values():
-                index = torch.tensor(positions, device=start.device)
-                params = {n: p.detach() if whole else p.detach()[index] for n, p in zip(names, stacked, strict=True)}
-                clients = [slots[position] for position in positions]
-                x, y = self.precision.convert_input(
-                    (torch.stack([batches[i][j][0] for i in clients]), torch.stack([batches[i][j][1] for i in clients]))
-                )
-                with self.precision.forward_context():
-                    group_grads, losses = self._grads(params, x, y)
-                if whole:
-                    grads = [group_grads[n].to(p.dtype) for n, p in zip(names, stacked, strict=True)]
+                if i is not None:
+                    by_size.setdefault(len(batches[i][j][1]), []).append(position)
+            vectorised, plain = [], []
+            for batch_size, positions in by_size.items():
+                compiled = self._compiled is not None and batch_size == full_size
+                if len(positions) > self.sequential_below or j == 0 or compiled:
+                    vectorised.append(positions)
                 else:
-                    for grad, name in zip(grads, names, strict=True):
-                        grad[index] = group_grads[name].to(grad.dtype)
-                loss_sums[torch.tensor(clients, device=start.device)] += losses.detach().float()
-            for p, grad in zip(stacked, grads, strict=True):
-                p.grad = grad
-            optimizer.step()
+                    plain += positions
+            stepped = {}  # position → its parameters and optimizer state after a plain step
+            for position in plain:
+                i = slots[position]
+                loss_sum, stepped[position] = self._plain_step(
+                    stacked, optimizer, position, batches[i][j], make_optimizer
+                )
+                loss_sums[i] += loss_sum
+            if vectorised:
+                step_batches = [None if i is None else batches[i][j] for i in slots]
+                grads, losses = self._vectorised_grads(stacked, vectorised, step_batches, full_size)
+                for positions, group_losses in losses:
+                    loss_sums[torch.tensor([slots[q] for q in positions], device=start.device)] += group_losses
+                for p, grad in zip(stacked, grads, strict=True):
+                    p.grad = grad
+                optimizer.step()
+            _restore(stacked, optimizer, stepped)
             for position, i in enumerate(slots):
-                if j == len(batches[i]) - 1:  # its last step: its state is final
+                if i is not None and j == len(batches[i]) - 1:  # its last step: its state is final
                     finals[i] = torch.cat([p.detach()[position].reshape(-1).float() for p in stacked])
         return [(loss_sums[i], len(batches[i]), finals[i]) for i in range(k)]
+
+    def _stack_size(self, active: int, k: int) -> int:
+        """Positions of the stack for ``active`` clients still training out of ``k``: exactly ``active`` when
+        uncompiled; compiled, ``k`` or the smallest power of two below it that holds them."""
+        if self._compiled is None:
+            return active
+        size = k
+        while size > 1:
+            lower = 1 << ((size - 1).bit_length() - 1)  # the largest power of two below size
+            if lower < active:
+                break
+            size = lower
+        return size
+
+    def _vectorised_grads(
+        self,
+        stacked: list[torch.Tensor],
+        groups: list[list[int]],
+        step_batches: list[tuple[torch.Tensor, torch.Tensor] | None],
+        full_size: int,
+    ) -> tuple[list[torch.Tensor], list[tuple[list[int], torch.Tensor]]]:
+        """Gradients ``[K, *shape]`` of every stacked entry at ``groups``' positions (anything elsewhere), and
+        each group's positions with their task losses.
+
+        Compiled, the group of full batches runs over the whole stack: positions outside it (spare ones, and
+        those of other groups, whose gradients are overwritten) train on a copy of its first batch. Other
+        groups are gathered, run uncompiled and scattered back."""
+        names = [f"client.{e.name}" for e in self.layout.entries]
+        stack_size = len(stacked[0])
+        grads: list[torch.Tensor] | None = None
+        losses = []
+        for positions in groups:
+            first = step_batches[positions[0]]
+            if self._compiled is not None and len(first[1]) == full_size:
+                members = set(positions)
+                chosen = [step_batches[q] if q in members else first for q in range(stack_size)]
+                x, y = self.precision.convert_input(
+                    (torch.stack([b[0] for b in chosen]), torch.stack([b[1] for b in chosen]))
+                )
+                params = {n: p.detach() for n, p in zip(names, stacked, strict=True)}
+                with self.precision.forward_context():
+                    group_grads, group_losses = self._compiled(params, x, y)
+                whole = [group_grads[n].to(p.dtype) for n, p in zip(names, stacked, strict=True)]
+                if grads is None:
+                    grads = whole
+                else:
+                    index = torch.tensor(positions, device=stacked[0].device)
+                    for grad, values in zip(grads, whole, strict=True):
+                        grad[index] = values[index]
+                losses.append((positions, group_losses.detach().float()[positions]))
+                continue
+            everyone = len(positions) == stack_size
+            index = torch.tensor(positions, device=stacked[0].device)
+            params = {n: p.detach() if everyone else p.detach()[index] for n, p in zip(names, stacked, strict=True)}
+            x, y = self.precision.convert_input(
+                (
+                    torch.stack([step_batches[q][0] for q in positions]),
+                    torch.stack([step_batches[q][1] for q in positions]),
+                )
+            )
+            with self.precision.forward_context():
+                group_grads, group_losses = self._grads(params, x, y)
+            if everyone:
+                grads = [group_grads[n].to(p.dtype) for n, p in zip(names, stacked, strict=True)]
+            else:
+                if grads is None:
+                    grads = [torch.zeros_like(p) for p in stacked]
+                for grad, name in zip(grads, names, strict=True):
+                    grad[index] = group_grads[name].to(grad.dtype)
+            losses.append((positions, group_losses.detach().float()))
+        return grads, losses
+
+    def _plain_step(
+        self,
+        stacked: list[torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        position: int,
+        batch: tuple[torch.Tensor, torch.Tensor],
+        make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+    ) -> tuple[torch.Tensor, tuple[list[torch.Tensor], list[dict]]]:
+        """One step of the client at stack ``position`` on the resident module; the stack is left as it was.
+
+        Returns its task loss and its parameters and optimizer state after the step (see :func:`_restore`).
+        """
+        loss_sum, alone = self._steps_alone(stacked, optimizer, position, [batch], make_optimizer)
+        params = [param.detach().clone() for param in self._params]
+        return loss_sum, (params, [alone.state[param] for param in self._params])
+
+    def _finish_alone(
+        self,
+        stacked: list[torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        position: int,
+        batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The remaining ``batches`` of the client at stack ``position``, on the resident module.
+
+        Returns the sum of its task losses over these steps and its final ``[P]`` state.
+        """
+        loss_sum, _ = self._steps_alone(stacked, optimizer, position, batches, make_optimizer)
+        return loss_sum, torch.cat([param.detach().reshape(-1).float() for param in self._params])
+
+    def _steps_alone(
+        self,
+        stacked: list[torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        position: int,
+        batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+    ) -> tuple[torch.Tensor, torch.optim.Optimizer]:
+        """``batches`` of the client at stack ``position`` on the resident module, loaded with its slice of the
+        parameters and optimizer state. Returns the sum of its task losses and its optimizer."""
+        params = self._params
+        with torch.no_grad():
+            for param, values in zip(params, stacked, strict=True):
+                param.copy_(values[position])
+        alone = make_optimizer(params)
+        for param, values in zip(params, stacked, strict=True):  # its slice of the optimizer state, copied
+            alone.state[param] = {
+                key: (value[position] if value.dim() > 0 else value).clone() if torch.is_tensor(value) else value
+                for key, value in optimizer.state.get(values, {}).items()
+            }
+        loss_sum = torch.zeros((), dtype=torch.float32, device=stacked[0].device)
+        for batch in batches:
+            x, y = self.precision.convert_input((batch[0], batch[1]))
+            with self.precision.forward_context():
+                loss = self.step(x, y)
+            alone.zero_grad(set_to_none=True)
+            loss.backward()
+            alone.step()
+            loss_sum += loss.detach().float()
+        return loss_sum, alone
+
+
+def _restore(stacked: list[torch.Tensor], optimizer: torch.optim.Optimizer, stepped: dict) -> None:
+    """Writes each plainly stepped position's parameters and optimizer state back into the stack, over whatever
+    the stacked optimizer step did to them. Shared scalars (Adam's step count) are the same for every client
+    still training, so they are taken from the plain step."""
+    with torch.no_grad():
+        for position, (params, states) in stepped.items():
+            for values, param, state in zip(stacked, params, states, strict=True):
+                values[position] = param
+                shared = optimizer.state[values]
+                for key, value in state.items():
+                    if torch.is_tensor(value) and value.dim() > 0:
+                        shared[key][position] = value
+                    else:
+                        shared[key] = value.clone() if torch.is_tensor(value) else value
 
 
 def _compact(
@@ -196,4 +379,6 @@ def optimizer_factory(configured: torch.optim.Optimizer) -> Callable[[list[torch
     """
     accepted = inspect.signature(type(configured)).parameters
     settings = {key: value for key, value in configured.param_groups[0].items() if key in accepted and key != "params"}
+    if "foreach" in accepted and settings.get("foreach") is None:
+        settings["foreach"] = True  # torch picks the per-tensor loop on the CPU; the same update, in fewer calls
     return lambda params: type(configured)(params, **settings)

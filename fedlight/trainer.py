@@ -122,6 +122,10 @@ class FederatedTrainer:
             Each client keeps its own batches, optimizer state and step count; results equal sequential
             training up to float rounding. Rounds that cannot be vectorised (BatchNorm, active dropout,
             schedulers, strategies with client-side hooks) run sequentially, said once in the log.
+        compile_batched: compile the vectorised step with ``torch.compile`` (with ``client_batching`` only).
+            One graph per stack size (padded to a power of two) is compiled in the first rounds, several
+            seconds each on a CPU, after which a step of K clients costs a fraction of K plain steps; it pays
+            for runs of many rounds. Results equal the uncompiled ones up to float rounding.
         init_from: start the run from another run's weights instead of the model's own initialisation: a
             fedlight checkpoint (``<run_dir>/checkpoints/last.ckpt``, e.g. of a centralized source
             pre-training run), a Lightning checkpoint, or a file holding a plain ``state_dict``. Weights only;
@@ -177,6 +181,7 @@ class FederatedTrainer:
         callbacks: list[RoundCallback] | None = None,
         seed: int | None = None,
         client_batching: int | Literal["auto"] | None = None,
+        compile_batched: bool = False,
         init_from: str | Path | None = None,
         max_update_ratio: float | None = 1000.0,
         rewind: bool = False,
@@ -232,6 +237,7 @@ class FederatedTrainer:
             raise ConfigError(*problems)
         self.init_from = None if init_from is None else Path(init_from)
         self.client_batching = client_batching
+        self.compile_batched = compile_batched
         self._batching: BatchedLocalFit | str | None = None  # the vectorised fit, or why it cannot run
         self.max_update_ratio = max_update_ratio
         self.rewind = rewind
@@ -917,7 +923,7 @@ class FederatedTrainer:
             self._train_mode(self.module)
             blocker = batching_blocker(self.module, self.layout, self.strategy, self.module.configure_optimizers())
             if blocker is None:
-                self._batching = BatchedLocalFit(self.module, self.layout, self.precision)
+                self._batching = BatchedLocalFit(self.module, self.layout, self.precision, self.compile_batched)
             else:
                 self._batching = blocker
                 log.info("--trainer.client_batching: clients train one after another, because %s.", blocker)

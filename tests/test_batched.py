@@ -5,7 +5,7 @@ import logging
 import pytest
 import torch
 
-from fedlight.batched import batching_blocker
+from fedlight.batched import BatchedLocalFit, batching_blocker
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
 from fedlight.errors import ConfigError
@@ -72,6 +72,38 @@ def test_batched_mlp_rounds_equal_the_sequential_ones(optimizer, batching):
     torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)
     for a, b in zip(sequential.history, batched.history, strict=True):
         assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("sequential_below", [0, 3, 6])
+def test_vectorised_plain_and_tail_steps_mix_to_the_sequential_rounds(monkeypatch, sequential_below):
+    """0: every step vectorised, even one client's; 3: groups of up to 3 clients (short last batches, the
+    round's tail) take plain steps sliced out of the stack and written back; 6: every client alone."""
+    monkeypatch.setattr(BatchedLocalFit, "sequential_below", sequential_below)
+    optimizer = lambda p: torch.optim.Adam(p, lr=1e-2)  # noqa: E731  (per-client moments and step count)
+    sequential, plans = run(images(), MLP, optimizer, None, rounds=3)
+    batched, batched_plans = run(images(), MLP, optimizer, "auto", rounds=3)
+    assert batched_plans.rounds == plans.rounds
+    torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)
+
+
+def test_compiled_batched_rounds_equal_the_sequential_ones():
+    """Compiled, the stack keeps spare positions as clients finish (10 → 8 → 4 → 2 → 1 positions) and short
+    batches take plain steps; the rounds still equal the sequential ones."""
+    optimizer = lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)  # noqa: E731
+    sequential, plans = run(images(), MLP, optimizer, None, rounds=2)
+    batched, batched_plans = run(images(), MLP, optimizer, "auto", rounds=2, compile_batched=True)
+    assert batched._batching._compiled is not None
+    assert batched_plans.rounds == plans.rounds
+    torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)
+
+
+def test_a_compiled_stack_shrinks_through_powers_of_two():
+    fit = BatchedLocalFit.__new__(BatchedLocalFit)
+    fit._compiled = object()
+    assert [fit._stack_size(active, 10) for active in (10, 9, 8, 5, 4, 3, 2, 1)] == [10, 10, 8, 8, 4, 4, 2, 1]
+    assert [fit._stack_size(active, 6) for active in (6, 5, 4, 3, 1)] == [6, 6, 4, 4, 1]
+    fit._compiled = None
+    assert fit._stack_size(7, 10) == 7
 
 
 def test_one_batched_fp32_step_equals_the_sequential_one():

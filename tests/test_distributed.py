@@ -37,6 +37,16 @@ def test_two_processes_give_the_same_model_and_metrics_as_one(tmp_path):
             assert abs(row_one[key] - row_two[key]) < 1e-5, key
 
 
+def test_two_processes_of_batched_clients_give_the_model_of_one(tmp_path):
+    one = fit(tmp_path, 1, "--trainer.client_batching=auto", name="batched1")
+    two = fit(tmp_path, 2, "--trainer.client_batching=auto", name="batched2")
+    for name, value in one["global_state"].items():
+        torch.testing.assert_close(two["global_state"][name], value, rtol=0, atol=1e-6)
+    for row_one, row_two in zip(one["history"], two["history"], strict=True):
+        for key in ("train/loss", "test/acc"):
+            assert abs(row_one[key] - row_two[key]) < 1e-5, key
+
+
 def test_fork_started_processes_give_the_same_model_as_popen(tmp_path):
     popen = fit(tmp_path, 2)
     forked = fit(tmp_path, 2, "--trainer.start_method=fork", name="fork")

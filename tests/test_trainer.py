@@ -82,6 +82,21 @@ def test_killed_and_resumed_run_ends_with_the_same_metrics(tmp_path, killer):
     torch.testing.assert_close(resumed.global_state, reference.global_state, rtol=0, atol=0)
 
 
+def test_a_killed_batched_run_resumes_to_the_uninterrupted_one(tmp_path):
+    reference = make_trainer(tmp_path / "reference", client_batching="auto")
+    reference.fit(make_model(), synthetic_data(), FedAvg())
+    killed = make_trainer(tmp_path / "killed", callbacks=[KillAfterRound(2)], client_batching="auto")
+    with pytest.raises(Kill):
+        killed.fit(make_model(), synthetic_data(), FedAvg())
+    resumed = make_trainer(tmp_path / "killed", client_batching="auto")
+    resumed.fit(
+        make_model(seed=123), synthetic_data(), FedAvg(), ckpt_path=killed.run_dir / "checkpoints" / "last.ckpt"
+    )
+    assert not isinstance(resumed._batching, str)  # it did run vectorised
+    assert read_metrics(resumed.run_dir) == read_metrics(reference.run_dir)
+    torch.testing.assert_close(resumed.global_state, reference.global_state, rtol=0, atol=0)
+
+
 def test_resume_with_more_rounds_continues_the_run(tmp_path):
     short = make_trainer(tmp_path, rounds=2)
     short.fit(make_model(), synthetic_data(), FedAvg())
@@ -235,10 +250,14 @@ def test_wandb_logs_offline_and_a_resumed_run_keeps_its_id(tmp_path, monkeypatch
     first = make_trainer(tmp_path, rounds=1, logger=["csv", "wandb"])
     first.fit(make_model(), synthetic_data(), FedAvg())
     run_id = first.wandb_id
+
     # each offline run folder holds run-<id>.wandb; W&B suffixes the folder's name ("-1") when two runs
     # start within the same second, so the id is read from the file, not from the folder's name
     def run_ids():
-        return [sorted(f.name for f in d.glob("run-*.wandb")) for d in sorted((first.run_dir / "wandb").glob("offline-run-*"))]
+        return [
+            sorted(f.name for f in d.glob("run-*.wandb"))
+            for d in sorted((first.run_dir / "wandb").glob("offline-run-*"))
+        ]
 
     assert run_ids() == [[f"run-{run_id}.wandb"]]
 
@@ -461,6 +480,7 @@ def test_a_long_run_prints_every_nth_round_and_the_last(tmp_path, capsys):
     trainer.fit(make_model(), synthetic_data(), FedAvg())
     rounds = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("round ")]
     assert rounds == [f"{r}/120" for r in range(3, 121, 3)]  # ⌈120/50⌉ = 3
+
 
 # -- updates and models that diverge ---------------------------------------------------------------------------
 def scalar_run(tmp_path, lr, rounds=1, **kwargs):
