@@ -220,6 +220,11 @@ class FederatedTrainer:
             )
         if isinstance(client_batching, int) and client_batching < 1:
             problems.append(f"Expected --trainer.client_batching ≥ 1, 'auto' or null, got {client_batching}.")
+        if compile_batched and client_batching is None:
+            problems.append(
+                "--trainer.compile_batched=true compiles the vectorised step, which only runs with "
+                "--trainer.client_batching=K or auto; set that too, or drop compile_batched."
+            )
         if max_update_ratio is not None and not max_update_ratio > 0:
             problems.append(
                 f"Expected --trainer.max_update_ratio > 0 (or null to accept any update), got {max_update_ratio}."

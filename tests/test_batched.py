@@ -148,3 +148,8 @@ def test_blockers_name_the_module_or_optimizer():
 def test_a_chunk_below_one_is_refused():
     with pytest.raises(ConfigError, match="client_batching ≥ 1"):
         FederatedTrainer(client_batching=0)
+
+
+def test_compiling_without_batching_is_refused_at_set_up():
+    with pytest.raises(ConfigError, match=r"compile_batched=true .* --trainer\.client_batching=K or auto"):
+        FederatedTrainer(compile_batched=True)
