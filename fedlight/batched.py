@@ -106,6 +106,7 @@ class BatchedLocalFit:
         self.precision = precision
         named = dict(module.named_parameters())
         self._params = [named[e.name] for e in layout.entries]  # the resident module's, in the stack's order
+        self._names = [f"client.{e.name}" for e in layout.entries]  # the same, as _TrainingStep names them
         self.dtype = next(module.parameters()).dtype  # the module's weights (fp64 under 64-true)
         self.step = _TrainingStep(module)
         self._grads = vmap(grad_and_value(self._loss), in_dims=(0, 0, 0))
@@ -154,9 +155,8 @@ class BatchedLocalFit:
             # too few left for a vectorised step to pay (a compiled one pays even for one client)
             if len(active) <= (0 if self._compiled else self.sequential_below):
                 for i in active:
-                    loss_sum, finals[i] = self._finish_alone(
-                        stacked, optimizer, slots.index(i), batches[i][j:], make_optimizer
-                    )
+                    loss_sum, _ = self._steps_alone(stacked, optimizer, slots.index(i), batches[i][j:], make_optimizer)
+                    finals[i] = torch.cat([param.detach().reshape(-1).float() for param in self._params])
                     loss_sums[i] += loss_sum
                 break
             size = self._stack_size(len(active), k)
@@ -180,9 +180,9 @@ class BatchedLocalFit:
             stepped = {}  # position → its parameters and optimizer state after a plain step
             for position in plain:
                 i = slots[position]
-                loss_sum, stepped[position] = self._plain_step(
-                    stacked, optimizer, position, batches[i][j], make_optimizer
-                )
+                loss_sum, alone = self._steps_alone(stacked, optimizer, position, [batches[i][j]], make_optimizer)
+                params = [param.detach().clone() for param in self._params]
+                stepped[position] = (params, [alone.state[param] for param in self._params])
                 loss_sums[i] += loss_sum
             if vectorised:
                 step_batches = [None if i is None else batches[i][j] for i in slots]
@@ -224,7 +224,7 @@ class BatchedLocalFit:
         Compiled, the group of full batches runs over the whole stack: positions outside it (spare ones, and
         those of other groups, whose gradients are overwritten) train on a copy of its first batch. Other
         groups are gathered, run uncompiled and scattered back."""
-        names = [f"client.{e.name}" for e in self.layout.entries]
+        names = self._names
         stack_size = len(stacked[0])
         grads: list[torch.Tensor] | None = None
         losses = []
@@ -268,37 +268,6 @@ class BatchedLocalFit:
                     grad[index] = group_grads[name].to(grad.dtype)
             losses.append((positions, group_losses.detach().float()))
         return grads, losses
-
-    def _plain_step(
-        self,
-        stacked: list[torch.Tensor],
-        optimizer: torch.optim.Optimizer,
-        position: int,
-        batch: tuple[torch.Tensor, torch.Tensor],
-        make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
-    ) -> tuple[torch.Tensor, tuple[list[torch.Tensor], list[dict]]]:
-        """One step of the client at stack ``position`` on the resident module; the stack is left as it was.
-
-        Returns its task loss and its parameters and optimizer state after the step (see :func:`_restore`).
-        """
-        loss_sum, alone = self._steps_alone(stacked, optimizer, position, [batch], make_optimizer)
-        params = [param.detach().clone() for param in self._params]
-        return loss_sum, (params, [alone.state[param] for param in self._params])
-
-    def _finish_alone(
-        self,
-        stacked: list[torch.Tensor],
-        optimizer: torch.optim.Optimizer,
-        position: int,
-        batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
-        make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The remaining ``batches`` of the client at stack ``position``, on the resident module.
-
-        Returns the sum of its task losses over these steps and its final ``[P]`` state.
-        """
-        loss_sum, _ = self._steps_alone(stacked, optimizer, position, batches, make_optimizer)
-        return loss_sum, torch.cat([param.detach().reshape(-1).float() for param in self._params])
 
     def _steps_alone(
         self,
