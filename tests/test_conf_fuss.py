@@ -48,6 +48,7 @@ def test_city_splits_set_clients_and_batches_per_round(path, clients, steps):
     assert config["trainer"]["rounds"] == 10 and config["data"]["batch_size"] == 8
     assert config["data"]["return_index"] and config["data"]["test_fraction"] == 0.0
     assert config["model"]["init_args"]["flip_tta"] is True
+    assert config["model"]["init_args"]["crf"] is True  # Tables 2–3 score after the dense CRF
 
 
 @pytest.mark.parametrize(
@@ -85,6 +86,7 @@ def test_cocostuff_is_dominant_label_dirichlet_over_18_clients_with_its_own_shif
 def test_table_4_modes_without_tta(suffix, weighting, aggregated):
     config = resolved(CONF / f"cityscapes/ma6/table4/kmeans_{suffix}.yaml")
     assert config["model"]["init_args"]["flip_tta"] is False
+    assert config["model"]["init_args"]["crf"] is False
     args = config["strategy"]["init_args"]
     assert (args["centroids"], args["weighting"], args["aggregated"]) == ("kmeans", weighting, aggregated)
     assert config["trainer"]["clients_per_round"] == 6

@@ -24,8 +24,9 @@ logged apart, as ``linear/miou`` and ``linear/acc``. The three optimisers step o
 Evaluation (FUSS Sec. 5.3, STEGO's ``eval_segmentation``): codes of the whole image, optionally averaged
 with those of the horizontally flipped image, upsampled bilinearly to the label size, scored against M as
 ``log_softmax(2·cos(code, M))`` and assigned by argmax; one Hungarian match over the whole set turns clusters
-into classes (:class:`~fedlight.metrics.unsupervised.ProbedUnsupervisedSegmentation`). The dense CRF of the
-papers' Tables 2–3 is not applied.
+into classes (:class:`~fedlight.metrics.unsupervised.ProbedUnsupervisedSegmentation`). With ``crf``, the cluster
+and probe scores of every image are refined by STEGO's dense CRF first (:mod:`fedlight.clients.dense_crf`;
+the papers' Tables 2–3), which needs ``pip install pydensecrf2``.
 
 Training batches are ``(images, labels, index)``: the index (``--data.return_index=true``) names each image
 in the data pool, through which its nearest neighbours and, with a
@@ -43,8 +44,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlight.clients.base import FederatedClient
+from fedlight.clients.dense_crf import dense_crf, require_pydensecrf, to_rgb_bytes
 from fedlight.clients.stego import STEGO_PRESETS, ClusterLookup, CorrespondenceWeights, StegoHead, correspondence_loss
 from fedlight.data.labels import IGNORE_INDEX
+from fedlight.data.stego_files import IMAGENET_MEAN, IMAGENET_STD
 from fedlight.errors import ConfigError
 from fedlight.metrics.unsupervised import ProbedUnsupervisedSegmentation
 from fedlight.models.patch_features import DINO_VITB8_URL, BackboneName, build_patch_backbone
@@ -81,6 +84,11 @@ class UnsupervisedSegmentationClient(FederatedClient):
         cluster_lr: Adam learning rate of M (5e-3).
         probe_lr: Adam learning rate of the linear probe (5e-3).
         flip_tta: average the codes of each evaluation image with those of its mirror image (Tables 2–3).
+        crf: refine each evaluation image's cluster and probe scores with a dense CRF (Tables 2–3); needs
+            ``pip install pydensecrf2``, checked when the model is built.
+        image_mean: the per-channel mean the data subtracted from the images (ImageNet's for Cityscapes and
+            CocoStuff); the CRF compares the original colours.
+        image_std: the per-channel scale the data divided the images by.
         ignore_index: label of void pixels.
     """
 
@@ -106,6 +114,9 @@ class UnsupervisedSegmentationClient(FederatedClient):
         cluster_lr: float = 5e-3,
         probe_lr: float = 5e-3,
         flip_tta: bool = False,
+        crf: bool = False,
+        image_mean: tuple[float, float, float] = IMAGENET_MEAN,
+        image_std: tuple[float, float, float] = IMAGENET_STD,
         ignore_index: int = IGNORE_INDEX,
     ) -> None:
         super().__init__()
@@ -124,6 +135,8 @@ class UnsupervisedSegmentationClient(FederatedClient):
             problems.append(f"Expected --model.init_args.num_neighbors ≥ 1, got {num_neighbors}.")
         if problems:
             raise ConfigError(*problems)
+        if crf:
+            require_pydensecrf()
         self.backbone_name = backbone
         self.pretrained = pretrained
         self.num_classes = num_classes
@@ -138,6 +151,7 @@ class UnsupervisedSegmentationClient(FederatedClient):
         self.num_neighbors = num_neighbors
         self.head_lr, self.cluster_lr, self.probe_lr = head_lr, cluster_lr, probe_lr
         self.flip_tta = flip_tta
+        self.crf, self.image_mean, self.image_std = crf, tuple(image_mean), tuple(image_std)
         self.ignore_index = ignore_index
         self.test_metrics = ("miou", "acc", "linear/miou", "linear/acc")
         self.feature_cache: FeatureCache | None = None
@@ -235,9 +249,22 @@ class UnsupervisedSegmentationClient(FederatedClient):
         if self.flip_tta:
             codes = (codes + self(images.flip(-1)).flip(-1)) / 2
         codes = F.interpolate(codes.float(), size=labels.shape[-2:], mode="bilinear", align_corners=False)
-        clusters = self.cluster_log_probs(codes).argmax(dim=1)  # [B, H, W]
-        linear = self.linear_probe(codes).argmax(dim=1)  # [B, H, W]
+        cluster_scores = self.cluster_log_probs(codes)  # [B, n, H, W]
+        linear_scores = F.log_softmax(self.linear_probe(codes), dim=1)  # [B, C, H, W]
+        if self.crf:
+            cluster_scores, linear_scores = self.refine(images, labels.shape[-2:], cluster_scores, linear_scores)
+        clusters, linear = cluster_scores.argmax(dim=1), linear_scores.argmax(dim=1)  # [B, H, W]
         return {"clusters": clusters, "linear": linear, "target": labels}
+
+    def refine(self, images: Tensor, size: torch.Size, *scores: Tensor) -> tuple[Tensor, ...]:
+        """Each of ``scores`` (``[B, k, H, W]`` log-probabilities) refined image by image by the dense CRF."""
+        if images.shape[-2:] != size:
+            images = F.interpolate(images.float(), size=size, mode="bilinear", align_corners=False)
+        rgb = [to_rgb_bytes(image, self.image_mean, self.image_std) for image in images]
+        return tuple(
+            torch.stack([dense_crf(pixels, s) for pixels, s in zip(rgb, score, strict=True)]).to(score.device)
+            for score in scores
+        )
 
     def evaluation_metric(self, num_groups: int) -> ProbedUnsupervisedSegmentation:
         return ProbedUnsupervisedSegmentation(self.num_clusters, self.num_classes, self.ignore_index)

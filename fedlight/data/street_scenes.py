@@ -45,6 +45,9 @@ STREET_12 = (
     "road", "sidewalk", "building", "wall", "fence", "pole", "traffic sign", "vegetation", "terrain", "sky",
     "person", "car",
 )  # fmt: skip
+#: the per-channel mean and scale that standardise the images (what a dense CRF needs to see their colours)
+PIXEL_MEAN, PIXEL_STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+
 _ROLES = {
     "sky": ("sky",),
     "facade": ("building", "wall", "fence", "guard rail", "bridge", "tunnel", "vegetation"),
@@ -177,7 +180,7 @@ class StreetScenes(FederatedDataset):
         image = colours[masks].permute(0, 3, 1, 2) * (0.7 + 0.3 * texture)  # [N, 3, S, S]
         image = torch.einsum("nij,njhw->nihw", mixing, image) + offset[:, :, None, None]
         image = image * light + noise
-        images = ((image.clamp(0, 1) - 0.5) / 0.25).float()
+        images = ((image.clamp(0, 1) - PIXEL_MEAN[0]) / PIXEL_STD[0]).float()
         targets = masks
         dominant = np.array([int(torch.bincount(m.flatten(), minlength=self.num_classes).argmax()) for m in masks])
         return LabelledTensors(inputs=images, targets=targets, groups=cities.copy(), labels=dominant)
