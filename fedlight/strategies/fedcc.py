@@ -22,6 +22,11 @@ Table 4's ablation of what clients take from the server (``aggregated``):
   copies every key but the centroids);
 - ``centroids`` (C): clients keep their own last head and probe and take only the server's centroids.
 
+A controlled test of the misaligned case (``misaligned_start``): each client's first local fit starts from
+M with its rows in an order of its own, a permutation drawn from the run's seed and the client's index, as if
+the clients had already learnt their clusters in different orders. Eqs. 19–20 say FedAvg and FedCC agree
+when the rows are aligned; this makes them not aligned, without changing anything else.
+
 In every mode the model the server holds, evaluates and checkpoints is the same object: the full weighted
 average with the FedCC centroids substituted. In modes E and C that is a model no client trains from,
 which is what the paper's Table 4 scores. A client that has not trained yet starts from W^t.
@@ -62,6 +67,8 @@ class FedCC(Strategy):
         kmeans_n_init: k-means restarts (10).
         maximin_start: the pooled row maximin starts from (0, the code's), or ``random`` (the paper's),
             drawn from the round's strategy stream.
+        misaligned_start: start each client's first fit from M with its rows permuted (a permutation per
+            client, from the run's seed); the misaligned case of FUSS's Eqs. 19–20, for controlled comparisons.
         tolerate_stragglers: aggregate stragglers' partial work; ``null`` keeps them.
         sampling: how clients are drawn when fewer than all take part; ``null`` is ``uniform``.
     """
@@ -79,6 +86,7 @@ class FedCC(Strategy):
         kmeans_seed: int = 42,
         kmeans_n_init: int = 10,
         maximin_start: int | Literal["random"] = 0,
+        misaligned_start: bool = False,
         tolerate_stragglers: bool | None = None,
         sampling: Literal["proportional", "uniform"] | None = None,
     ) -> None:
@@ -88,11 +96,14 @@ class FedCC(Strategy):
         self.centroids, self.weighting, self.aggregated = centroids, weighting, aggregated
         self.centroid_key, self.normalize = centroid_key, normalize
         self.kmeans_seed, self.kmeans_n_init, self.maximin_start = kmeans_seed, kmeans_n_init, maximin_start
+        self.misaligned_start = misaligned_start
+        self.started: set[int] = set()  # clients that have fitted once (misaligned_start permutes only the first)
         self.own_centroids: dict[int, torch.Tensor] = {}  # client → [n, D] its last local M (mode E)
         self.last_client_centroids: dict[int, torch.Tensor] = {}  # client → [n, D] of the last round (any mode)
         self.own_states: dict[int, torch.Tensor] = {}  # client → [P] its last local state (mode C)
         self._mask: torch.Tensor | None = None  # [P] bool, M's entries in the flat state
         self._batch_size = 1
+        self._centroid_dim = 1
         self._rng: np.random.Generator | None = None
 
     # -- set-up ---------------------------------------------------------------------------------------
@@ -104,6 +115,8 @@ class FedCC(Strategy):
                 "lacks. Use fedlight.clients.UnsupervisedSegmentationClient or set --strategy.init_args.centroid_key."
             )
         self._batch_size = context.datamodule.batch_size
+        if self.misaligned_start:
+            self._centroid_dim = context.module.get_parameter(self.centroid_key).shape[-1]
 
     def on_round_start(self, context: RunContext, round_idx: int, plans: list[ClientPlan]) -> None:
         self._rng = context.strategy_rng(round_idx)
@@ -111,6 +124,12 @@ class FedCC(Strategy):
     # -- client side ----------------------------------------------------------------------------------
     def initial_state(self, context: RunContext, plan: ClientPlan, global_state: torch.Tensor) -> torch.Tensor:
         mask = self._mask.to(global_state.device)
+        if self.misaligned_start and plan.client not in self.started:
+            state = global_state.clone()
+            rows = global_state[mask].view(-1, self._centroid_dim)  # [n, D]
+            order = np.random.default_rng([context.seed, plan.client]).permutation(len(rows))
+            state[mask] = rows[torch.as_tensor(order, device=rows.device)].flatten()
+            return state
         if self.aggregated == "encoder" and plan.client in self.own_centroids:
             state = global_state.clone()
             state[mask] = self.own_centroids[plan.client].flatten().to(state)
@@ -159,6 +178,7 @@ class FedCC(Strategy):
     def on_round_end(self, context: RunContext, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
         """Keeps what clients hold on to in modes E and C, and every client's last centroids (for pictures)."""
         self.last_client_centroids = {update.client: update.payload["centroids"] for update in updates}
+        self.started.update(update.client for update in updates)
         for update in updates:
             if self.aggregated == "encoder":
                 self.own_centroids[update.client] = update.payload["centroids"]
@@ -171,8 +191,10 @@ class FedCC(Strategy):
         return {
             "own_centroids": {k: v.clone() for k, v in self.own_centroids.items()},
             "own_states": {k: v.clone() for k, v in self.own_states.items()},
+            "started": sorted(self.started),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.own_centroids = {int(k): v.clone() for k, v in state.get("own_centroids", {}).items()}
         self.own_states = {int(k): v.clone() for k, v in state.get("own_states", {}).items()}
+        self.started = {int(k) for k in state.get("started", [])}

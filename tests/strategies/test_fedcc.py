@@ -212,3 +212,34 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     resumed = fit(2, tmp_path / "b", ckpt_path=first.run_dir / "checkpoints" / "last.ckpt")
     assert torch.equal(resumed.global_state, straight.global_state)
     assert set(resumed.strategy.own_centroids) == {0, 1}
+
+
+def test_a_misaligned_start_permutes_each_clients_first_centroids_and_nothing_else():
+    module = UnsupervisedSegmentationClient(
+        num_classes=12, input_shape=(3, 8, 8), backbone="conv_patch8",
+        backbone_kwargs={"out_channels": 4, "width": 4}, dim=3,
+    )  # fmt: skip
+    strategy = FedCC(misaligned_start=True)
+    context = started(strategy, module)
+    context.seed = 7
+    mask = context.layout.mask(["centroids.clusters"])
+    global_state = torch.randn(context.layout.numel)
+    rows = global_state[mask].view(12, 3)
+    firsts = [strategy.initial_state(context, ClientPlan(client, 1), global_state) for client in (0, 1)]
+    for state in firsts:
+        assert torch.equal(state[~mask], global_state[~mask])  # head and probe as broadcast
+        mine = state[mask].view(12, 3)
+        order = [int(torch.nonzero((rows == row).all(dim=1))) for row in mine]  # where each row came from
+        assert sorted(order) == list(range(12)) and order != list(range(12))  # the same rows, reordered
+    assert not torch.equal(firsts[0], firsts[1])  # each client has its own order
+    assert torch.equal(strategy.initial_state(context, ClientPlan(0, 1), global_state), firsts[0])  # from the seed
+    context.seed = 8
+    assert not torch.equal(strategy.initial_state(context, ClientPlan(0, 1), global_state), firsts[0])
+
+    update = ClientUpdate(client=0, num_samples=8, epochs=1, num_steps=1, train_loss=0.0)
+    update.payload["centroids"] = rows.clone()
+    strategy.on_round_end(context, 0, [update])
+    assert torch.equal(strategy.initial_state(context, ClientPlan(0, 1), global_state), global_state)  # once only
+    restored = FedCC(misaligned_start=True)
+    restored.load_state_dict(strategy.state_dict())
+    assert restored.started == {0}
