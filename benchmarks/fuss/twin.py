@@ -26,6 +26,8 @@ Every run writes ``per_image.csv`` (for ``fedlight compare``) and, with ``--figu
 (the last round's client and server centroids) into its run folder.
 
     python benchmarks/fuss/twin.py --main-rows-only --seeds 0 1 2 --figures   # the README's table
+    python benchmarks/fuss/twin.py --main-rows-only --seeds 0 1 2 --rounds 1 --misaligned   # FUSS's misaligned case
+    python benchmarks/fuss/twin.py --main-rows-only --seeds 0 1 2 --crf       # with the dense CRF (pydensecrf2)
     python benchmarks/fuss/twin.py --reduced   # CI: 12 classes, 3 cities, 2 rounds, seed 0
 """
 
@@ -43,6 +45,7 @@ from fedlight.clients import UnsupervisedSegmentationClient
 from fedlight.clients.stego import _correlation, sample_at, sample_coordinates
 from fedlight.data import FederatedDataModule, StreetScenes
 from fedlight.data.knn import knn_indices
+from fedlight.data.street_scenes import PIXEL_MEAN, PIXEL_STD
 from fedlight.models.patch_features import build_patch_backbone
 from fedlight.state import FlatState
 from fedlight.strategies import FedCC
@@ -83,6 +86,9 @@ def run(args, dataset, shifts, center, strategy: FedCC, cache_dir: str) -> tuple
         head_lr=args.head_lr,
         cluster_lr=args.cluster_lr,
         probe_lr=args.probe_lr,
+        crf=args.crf,
+        image_mean=PIXEL_MEAN,
+        image_std=PIXEL_STD,
     )
     model.backbone.center.copy_(center)
     trainer = FederatedTrainer(
@@ -101,16 +107,17 @@ def run(args, dataset, shifts, center, strategy: FedCC, cache_dir: str) -> tuple
 
 def rows_of(args) -> dict[str, FedCC]:
     """The aggregation rules to compare: the W+E+C rows, then Table 4's E and C modes."""
+    misaligned = {"misaligned_start": args.misaligned}
     rows = {
-        "FedAvg (W+E+C)": FedCC(centroids="average"),
-        "FedCC-kMeans (W+E+C)": FedCC(centroids="kmeans"),
-        "FedCC-Maximin (W+E+C)": FedCC(centroids="maximin"),
+        "FedAvg (W+E+C)": FedCC(centroids="average", **misaligned),
+        "FedCC-kMeans (W+E+C)": FedCC(centroids="kmeans", **misaligned),
+        "FedCC-Maximin (W+E+C)": FedCC(centroids="maximin", **misaligned),
     }
     for rule, name in (
         [] if args.main_rows_only else [("average", "FedAvg"), ("kmeans", "FedCC-kMeans"), ("maximin", "FedCC-Maximin")]
     ):
-        rows[f"{name} (E)"] = FedCC(centroids=rule, aggregated="encoder")
-        rows[f"{name} (C)"] = FedCC(centroids=rule, aggregated="centroids")
+        rows[f"{name} (E)"] = FedCC(centroids=rule, aggregated="encoder", **misaligned)
+        rows[f"{name} (C)"] = FedCC(centroids=rule, aggregated="centroids", **misaligned)
     if args.modes_only:
         rows = {name: rule for name, rule in rows.items() if "W+E+C" not in name}
     return rows
@@ -167,6 +174,12 @@ def main() -> None:
     parser.add_argument("--head-lr", type=float, default=5e-4, help="Adam lr of the head (FUSS: 5e-4)")
     parser.add_argument("--cluster-lr", type=float, default=0.2, help="Adam lr of M (FUSS: 5e-3, see above)")
     parser.add_argument("--probe-lr", type=float, default=0.05, help="Adam lr of the linear probe (FUSS: 5e-3)")
+    parser.add_argument(
+        "--misaligned",
+        action="store_true",
+        help="each client's first fit starts from the centroids in an order of its own (FedCC misaligned_start)",
+    )
+    parser.add_argument("--crf", action="store_true", help="refine the scores by a dense CRF (pip install pydensecrf2)")
     parser.add_argument("--figures", action="store_true", help="draw every W+E+C run's centroids (centroids.png)")
     args = parser.parse_args()
     steps, rounds = args.steps, args.rounds
