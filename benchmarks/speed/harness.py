@@ -8,6 +8,10 @@ through fedlight, exports it, and starts one child process per run, alternating 
   weighted sum, the same evaluation. What the hardware does with no framework.
 - ``fedlight``: ``FederatedTrainer.fit`` as a user runs it (CSV log every round, a checkpoint every
   10 rounds), with 1 or 2 processes (``devices``).
+- ``batched``: the same ``fit`` with the round's clients trained as one vectorised model
+  (``client_batching="auto"``, ``compile_batched=True``), 1 process. Its clients run no timing hooks (a
+  hook on the client's module would stop the vectorisation), so its time outside local training is not
+  split out.
 - ``flower``: Flower's simulation engine (``flwr.simulation.run_simulation``, Ray backend) with 1 or 2
   actors, written as a careful Flower user would (one resident model and the data cached per actor,
   server-side evaluation of the same held-out data). It runs under the Python interpreter given by
@@ -60,7 +64,7 @@ FLOWER_INSTALL = (
     '"flwr[simulation]==1.41.*" -e .'
 )
 
-Engine = Literal["floor", "fedlight", "flower"]
+Engine = Literal["floor", "fedlight", "batched", "flower"]
 
 
 @dataclass(frozen=True)
@@ -329,7 +333,7 @@ def run_floor(args: argparse.Namespace, work: Workload) -> dict[str, Any]:
 
 
 # -- fedlight ----------------------------------------------------------------------------------------------
-def run_fedlight(args: argparse.Namespace, work: Workload) -> dict[str, Any] | None:
+def run_fedlight(args: argparse.Namespace, work: Workload, batched: bool = False) -> dict[str, Any] | None:
     from fedlight.callbacks.base import RoundCallback
     from fedlight.strategies import FedAvg
     from fedlight.trainer import FederatedTrainer
@@ -417,6 +421,8 @@ def run_fedlight(args: argparse.Namespace, work: Workload) -> dict[str, Any] | N
         enable_progress_bar=False,
         callbacks=[probe],
         seed=SEED,
+        client_batching="auto" if batched else None,
+        compile_batched=batched,
     )
     # Stage clocks around the trainer's own steps (instance attributes shadow the methods).
     for stage, method in [
@@ -426,7 +432,9 @@ def run_fedlight(args: argparse.Namespace, work: Workload) -> dict[str, Any] | N
         ("checkpoint", "save_checkpoint"),
     ]:
         setattr(trainer, method, probe.clock(stage, getattr(trainer, method)))
-    trainer.fit(work.make_client(), work.make_datamodule(), TimedFedAvg())
+    if batched:  # no client hooks: the round's time is all there is
+        probe.train_s = [math.nan] * args.rounds
+    trainer.fit(work.make_client(), work.make_datamodule(), FedAvg() if batched else TimedFedAvg())
     if trainer.fabric.global_rank != 0:
         return None
     ends = [*probe.starts[1:], probe.fit_end]
@@ -462,7 +470,12 @@ def run_flower(args: argparse.Namespace, work: Workload) -> dict[str, Any]:
 # -- the child: one engine, one run ------------------------------------------------------------------------
 def child(args: argparse.Namespace, work: Workload) -> None:
     torch.set_num_threads(args.threads)
-    runner = {"floor": run_floor, "fedlight": run_fedlight, "flower": run_flower}[args.child]
+    runner = {
+        "floor": run_floor,
+        "fedlight": run_fedlight,
+        "batched": lambda a, w: run_fedlight(a, w, batched=True),
+        "flower": run_flower,
+    }[args.child]
     result = runner(args, work)
     if result is None:  # a non-zero rank of a multi-process fedlight run
         return
@@ -729,6 +742,10 @@ def print_report(work: Workload, args: argparse.Namespace, results: dict[str, Su
     ratio("Flower/fedlight, 2 workers (loop)", "flower2", "fedlight2", "loop", "≥ 1.25")
     ratio("Flower/fedlight, 2 workers (process)", "flower2", "fedlight2", "process", "≥ 1.25")
     ratio("fedlight 2 proc / 1 proc (rounds/s)", "fedlight1", "fedlight2", "round_s", "≥ 1.6 on (b), 100 rounds")
+    ratio("batched/fedlight sequential (rounds/s)", "fedlight1", "batched1", "round_s", "–")
+    ratio("batched/floor (rounds/s)", "floor1", "batched1", "round_s", "–")
+    ratio("batched/Flower, 1 worker (rounds/s)", "flower1", "batched1", "round_s", "≥ 7 on a GPU, bf16-mixed")
+    ratio("fedlight/Flower, 1 worker (rounds/s)", "flower1", "fedlight1", "round_s", "–")
     if "fedlight1" in results and "flower1" in results:
         value = results["fedlight1"].outside_ms / results["flower1"].outside_ms
         ratios["fedlight/Flower time outside training, 1 worker"] = value
@@ -747,7 +764,8 @@ def print_report(work: Workload, args: argparse.Namespace, results: dict[str, Su
             print(f"{s.label}: client step logits in {s.step_dtype} under --precision {args.precision}")
     differences = {}
     print()
-    for a, b in [("fedlight1", "floor1"), ("fedlight2", "fedlight1"), ("flower1", "floor1"), ("flower2", "floor1")]:
+    pairs = [("fedlight1", "floor1"), ("fedlight2", "fedlight1"), ("batched1", "floor1")]
+    for a, b in [*pairs, ("flower1", "floor1"), ("flower2", "floor1")]:
         if a in results and b in results:
             diff = (results[a].final_state - results[b].final_state).abs().max().item()
             differences[f"{a} vs {b}"] = diff
@@ -824,7 +842,7 @@ def parse_args(work: Workload, doc: str) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="reuse the runs already under --out with these settings")
     parser.add_argument("--stop-after", type=float, default=0, help="start no new run after this many seconds")
     # Internal: the options of one child run.
-    parser.add_argument("--child", choices=["floor", "fedlight", "flower"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["floor", "fedlight", "batched", "flower"], help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--exported", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
@@ -840,8 +858,10 @@ def configurations(spec: str) -> Iterator[tuple[Engine, int]]:
     for item in spec.split(","):
         item = item.strip()
         engine, workers = item.rstrip("0123456789"), int(item[len(item.rstrip("0123456789")) :] or 1)
-        if engine not in ("floor", "fedlight", "flower"):
-            raise SystemExit(f"Unknown engine {engine!r} in --engines={spec}; use floor, fedlight or flower.")
+        if engine not in ("floor", "fedlight", "batched", "flower"):
+            raise SystemExit(f"Unknown engine {engine!r} in --engines={spec}; use floor, fedlight, batched or flower.")
+        if engine == "batched" and workers != 1:
+            raise SystemExit(f"--engines={spec}: batched runs in one process (batched1).")
         yield engine, workers
 
 
@@ -888,7 +908,7 @@ def main(work: Workload, script: str, doc: str) -> dict[str, Any] | None:
                     flush=True,
                 )
     labels = {"floor1": "floor", "fedlight1": "fedlight ×1", "fedlight2": "fedlight ×2"}
-    labels |= {"flower1": "Flower ×1", "flower2": "Flower ×2"}
+    labels |= {"flower1": "Flower ×1", "flower2": "Flower ×2", "batched1": "batched ×1"}
     results = {key: summarise(labels.get(key, key), value) for key, value in reports.items()}
     summary = print_report(work, args, results)
     (args.out / f"{work.name}.json").write_text(json.dumps(summary, indent=2))
