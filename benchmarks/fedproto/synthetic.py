@@ -359,6 +359,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--centralized-epochs", type=int, help="epochs of the reference (default 100; reduced: 2)")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel, one thread each (default 2)")
     parser.add_argument(
+        "--client-batching",
+        action="store_true",
+        help="train each round's clients as one vectorised model (--trainer.client_batching=auto, compiled); "
+        "FedProx and FedProto, whose clients run hooks, stay sequential and say so in their logs",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         help="output folder (default benchmarks/fedproto/out/synthetic, or .../synthetic_reduced with --reduced); "
@@ -390,6 +396,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def plan(args: argparse.Namespace) -> list[Run]:
     """The centralized reference of every seed, then every method × δ of that seed."""
     overrides = [] if args.local_epochs is None else [f"--trainer.local_epochs={args.local_epochs}"]
+    if args.client_batching:
+        overrides += ["--trainer.client_batching=auto", "--trainer.compile_batched=true"]
     runs = []
     for seed in args.seeds:
         reference = Run(CENTRALIZED, seed, None, args.centralized_epochs)
