@@ -14,6 +14,9 @@ writes its tables to ``benchmarks/ladd/results/``; other runs write them beside 
     # the same, one process per seed, then the merged tables
     for s in 0 1 2; do python benchmarks/ladd/twin.py --seeds $s --rows ... --out runs/ladd/s$s & done; wait
     python benchmarks/ladd/twin.py --collect runs/ladd/s0 runs/ladd/s1 runs/ladd/s2
+    # extra rows beside the committed ones: collect the committed results too (they are rewritten, not appended to)
+    python benchmarks/ladd/twin.py --seeds 0 1 2 --rows pretrain_fda_1x1 pretrain_fda_5x5 --out runs/ladd/table6
+    python benchmarks/ladd/twin.py --collect benchmarks/ladd/results runs/ladd/table6
     python benchmarks/ladd/twin.py --reduced --rows source_only pretrain_fda fda_st_kd ladd_all --out /tmp/x  # CI
 """
 
@@ -130,8 +133,9 @@ def main() -> None:
     parser.add_argument("--reduced", action="store_true", help="a few rounds per row: a smoke run, not a measurement")
     parser.add_argument("--out", type=Path, default=REPO / "runs/ladd/twin_benchmark", help="where the runs go")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--collect", nargs="+", type=Path, help="only merge the twin.json of these runs (seeds run "
-                        "as separate processes) into the committed tables")  # fmt: skip
+    parser.add_argument("--collect", nargs="+", type=Path, help="only write the committed tables from the twin.json "
+                        "of these folders (e.g. seeds run as separate processes; name benchmarks/ladd/results too to "
+                        "keep the committed runs)")  # fmt: skip
     args = parser.parse_args()
     if args.collect:
         write_tables([r for folder in args.collect for r in json.loads((folder / "twin.json").read_text())], RESULTS)
