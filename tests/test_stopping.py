@@ -56,6 +56,8 @@ def test_a_signal_drops_the_round_and_checkpoints_its_start_which_resumes_exactl
     reference.fit(make_model(), make_data(), FedAvg())
 
     stopped = make_trainer(tmp_path / "stopped", callbacks=[SignalAtRound(1, name)])
+    # Python's default, or SIG_IGN where the shell started the tests in the background
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with pytest.raises(RunInterrupted) as err:
         stopped.fit(make_model(), make_data(), FedAvg())
     checkpoint = stopped.run_dir / "checkpoints" / "last.ckpt"
@@ -70,7 +72,7 @@ def test_a_signal_drops_the_round_and_checkpoints_its_start_which_resumes_exactl
     )
     assert ckpt_io.load(checkpoint)["round"] == 1  # although checkpoint_every is 10
     assert stopped.round == 1 and len(stopped.history) == 1
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers are put back
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # put back
 
     resumed = make_trainer(tmp_path / "stopped")
     resumed.fit(make_model(), make_data(), FedAvg(), ckpt_path=checkpoint)
