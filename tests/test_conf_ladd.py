@@ -93,3 +93,28 @@ def test_the_papers_hyper_parameters_per_dataset(dataset, rounds, per_round, lr,
     assert (model["lambda_kd"], strategy["teacher_step"], strategy["swa_start"]) == (lambda_kd, omega, t_start)
     assert config["data"]["batch_size"] == 16 and config["data"]["drop_last"] is True
     assert strategy["clusters_file"].startswith(f"data/ladd/clusters_dir/{dataset}_b1_cluster_")
+
+
+@pytest.mark.parametrize(
+    ("dataset", "row", "read_size"),
+    [  # LADD's get_dataset: RandomScale(0.7, 2) + RandomCrop(512×1024) of the full-resolution image
+        ("cityscapes", "ladd_all", [1024, 2048]),
+        ("crosscity", "ladd_all", [1024, 2048]),
+        ("cityscapes", "pretrain_fda", [1052, 1914]),
+        ("crosscity", "pretrain_fda", [1052, 1914]),
+        ("mapillary", "pretrain_fda", [1052, 1914]),
+    ],
+)
+def test_training_crops_are_512_by_1024_windows_of_the_full_resolution_image(dataset, row, read_size):
+    data = resolved(CONF / dataset / f"{row}.yaml")["data"]
+    transform = data["train_transform"]
+    geometry = transform["init_args"].get("geometry", transform)  # pre-training nests it under the restyling
+    assert data["dataset"]["init_args"]["size"] == read_size
+    assert geometry["init_args"]["crop_size"] == [512, 1024] and geometry["init_args"]["scale"] == [0.7, 2.0]
+
+
+def test_mapillary_trains_on_width_1024_windows_without_random_scale():
+    data = resolved(CONF / "mapillary/ladd_all.yaml")["data"]  # LADD: FixedResize(width=1024) + RandomCrop
+    dataset = data["dataset"]["init_args"]
+    assert (dataset["train_width"], dataset["crop"], dataset["flip"]) == (1024, [512, 1024], True)
+    assert data.get("train_transform") is None and dataset["test_width"] == 1024

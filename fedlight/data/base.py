@@ -29,12 +29,16 @@ class LabelledTensors:
         labels: ``[N]`` one class per sample for partitioners, when ``targets`` are not that (label maps:
             the image's object class; a coarsened label set: the fine class, so both variants share one
             partition). ``None``: partitioners read ``targets``.
+        train_reader: reads training batches of ``(input, target)`` pairs with augmentations drawn per
+            sample as they are read, in place of indexing ``inputs`` and ``targets``; ``None``: training
+            batches are indexed like every other batch. Evaluation and client-data passes always index.
     """
 
     inputs: torch.Tensor | LazySamples
     targets: torch.Tensor | LazySamples
     groups: np.ndarray | None = None
     labels: np.ndarray | None = None
+    train_reader: PairedSamples | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -44,6 +48,8 @@ class LabelledTensors:
             problems.append(f"{len(self.groups)} group ids for {len(self.targets)} samples")
         if self.labels is not None and len(self.labels) != len(self.targets):
             problems.append(f"{len(self.labels)} partition labels for {len(self.targets)} samples")
+        if self.train_reader is not None and len(self.train_reader) != len(self.targets):
+            problems.append(f"a training reader of {len(self.train_reader)} samples for {len(self.targets)}")
         if problems:
             raise ConfigError(
                 f"The --data dataset gives {'; '.join(problems)}: every sample needs one input, one target"
@@ -70,7 +76,7 @@ class LabelledTensors:
         def move(data: torch.Tensor | LazySamples) -> torch.Tensor | LazySamples:
             return data.to(device) if isinstance(data, torch.Tensor) else data
 
-        return LabelledTensors(move(self.inputs), move(self.targets), self.groups, self.labels)
+        return LabelledTensors(move(self.inputs), move(self.targets), self.groups, self.labels, self.train_reader)
 
 
 class LazySamples(ABC):
@@ -89,6 +95,24 @@ class LazySamples(ABC):
 
     def __len__(self) -> int:
         return self.shape[0]
+
+
+class PairedSamples(ABC):
+    """Training samples read as ``(input, target)`` pairs, augmented per sample as they are read.
+
+    For pools whose images differ in size: a random crop must cut each image and its label map alike before
+    the batch can stack, so it cannot wait for a :class:`~fedlight.data.transforms.BatchTransform`. The
+    draws come from the client's generator, so a run's crops are fixed by its seed like every other
+    augmentation.
+    """
+
+    @abstractmethod
+    def read(self, index: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns the augmented samples at ``index`` ``[B]`` as stacked ``([B, ...], [B, ...])`` on the CPU."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Samples in the pool."""
 
 
 class FederatedDataset(ABC):

@@ -10,7 +10,9 @@ Dense tasks use the same path: targets may be ``[N, H, W]`` label maps (the part
 pool's per-image ``labels``), and a ``train_transform`` (e.g. segmentation's random scale, crop and
 flip) acts on each stacked training batch with draws from the client's generator. Pools too large for
 memory (Pascal VOC) are :class:`~fedlight.data.base.LazySamples`: indexing them reads a stacked batch,
-which is moved to the training device as it is served; the index logic is the same.
+which is moved to the training device as it is served; the index logic is the same. A pool whose images
+differ in size (Mapillary) gives a :class:`~fedlight.data.base.PairedSamples` reader for training batches,
+which crops each image and its labels alike as they are read, with the same generator.
 """
 
 from __future__ import annotations
@@ -168,7 +170,10 @@ class FederatedDataModule:
         order = indices[torch.randperm(len(indices), generator=generator).to(indices.device)]
         for start in range(0, self.num_batches(client) * self.batch_size, self.batch_size):
             batch = order[start : start + self.batch_size]
-            x, y = _take(self.pool.inputs, batch, self.device), _take(self.pool.targets, batch, self.device)
+            if self.pool.train_reader is not None:
+                x, y = (part.to(self.device) for part in self.pool.train_reader.read(batch.cpu(), generator))
+            else:
+                x, y = _take(self.pool.inputs, batch, self.device), _take(self.pool.targets, batch, self.device)
             if self.train_transform is not None:
                 x, y = self.train_transform(x, y, generator)
             yield (x, y, batch) if self.return_index else (x, y)

@@ -22,9 +22,13 @@ have no labels at all: their targets are void everywhere and only the test set i
 
 Images are read lazily per batch, resized to one ``size`` (H, W) so that batches stack (bilinear for images,
 nearest for labels) and normalised with mean = std = 0.5 (LADD's, for every dataset; its code uses ImageNet
-statistics on Cityscapes, a quirk not kept). LADD tests Cityscapes at full resolution, (1024, 2048), and
-Mapillary at width 1024 with each image's aspect ratio kept (:class:`Mapillary`'s ``test_width``); it trains
-Cityscapes' clients on each image and a copy (:class:`CityscapesFFREEDA`'s ``double``).
+statistics on Cityscapes, a quirk not kept). The defaults are the full resolutions LADD reads: it trains GTA5,
+Cityscapes and CrossCity on a random scale (0.7–2) of the full image cut to 512×1024 (the run's
+``--data.train_transform``, :class:`~fedlight.data.transforms.RandomScaleCropFlip` with ``crop_size: [512,
+1024]``) and tests Cityscapes and CrossCity at full resolution. Mapillary's images differ in size: LADD trains
+and tests them at width 1024 with each image's aspect ratio kept (:class:`Mapillary`'s ``train_width`` and
+``test_width``), cutting a random 512×1024 window from each training image as it is read (:class:`SplitCrops`).
+It trains Cityscapes' clients on each image and a copy (:class:`CityscapesFFREEDA`'s ``double``).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from fedlight.data.base import FederatedDataset, LabelledTensors, LazySamples
+from fedlight.data.base import FederatedDataset, LabelledTensors, LazySamples, PairedSamples
 from fedlight.data.labels import IGNORE_INDEX
 from fedlight.errors import ConfigError
 
@@ -152,6 +156,65 @@ class SplitMasks(LazySamples):
             return _stack(list(pool.map(read, index.tolist())))  # [B, H, W]
 
 
+class SplitCrops(PairedSamples):
+    """LADD's training reads of images whose sizes differ (its Mapillary pipeline), image and label map alike.
+
+    Each image is mirrored left–right with probability ½, resized to ``width`` with its aspect ratio kept
+    (bilinear; nearest for labels), padded where it is smaller than ``crop`` and cut by a uniformly placed
+    ``crop`` window (LADD's ``RandomHorizontalFlip``, ``FixedResize(width)``, ``RandomCrop(pad_if_needed=True)``).
+    The padding is LADD's: where the width falls short, ⌊(1 + crop_w − w)/2⌋ pixels on *every* side, then,
+    where the height still falls short, ⌊(1 + crop_h − h)/2⌋ on every side; padded pixels are black (−1 once
+    normalised) and void in the labels. Images are normalised with mean = std = 0.5.
+
+    Three uniform numbers per sample are drawn from the client's generator before decoding (flip, row, column),
+    so the crops do not depend on which thread decodes which image.
+    """
+
+    def __init__(
+        self, images: list[Path], labels: list[Path | None], lookup: torch.Tensor, width: int,
+        crop: tuple[int, int], flip: bool = True, num_workers: int = 4,
+    ) -> None:  # fmt: skip
+        self.images, self.labels, self.lookup, self.width = images, labels, lookup, width
+        self.crop, self.flip, self.num_workers = (int(crop[0]), int(crop[1])), flip, num_workers
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def read(self, index: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        draws = torch.rand(len(index), 3, generator=generator, dtype=torch.float64)  # [B, (flip, row, column)]
+
+        def read(i: int, draw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            with Image.open(self.images[i]) as image:
+                pixels = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1).float()  # [3, h, w]
+            if self.labels[i] is None:
+                labels = torch.full(pixels.shape[-2:], IGNORE_INDEX, dtype=torch.int64)
+            else:
+                with Image.open(self.labels[i]) as mask:
+                    labels = self.lookup[torch.from_numpy(np.array(mask).astype(np.int64))]  # [h, w]
+            size = resized_shape(*pixels.shape[-2:], None, self.width)
+            if tuple(pixels.shape[-2:]) != size:
+                pixels = F.interpolate(pixels[None], size, mode="bilinear", antialias=True)[0]
+            if tuple(labels.shape) != size:
+                labels = F.interpolate(labels[None, None].float(), size, mode="nearest")[0, 0].long()
+            (crop_h, crop_w), (height, width) = self.crop, size
+            for short, missing in ((width < crop_w, crop_w - width), (height < crop_h, crop_h - height)):
+                if short:  # LADD pads every side by the same amount
+                    pad = (1 + missing) // 2
+                    pixels = F.pad(pixels, (pad,) * 4, value=0.0)
+                    labels = F.pad(labels, (pad,) * 4, value=IGNORE_INDEX)
+                    height, width = height + 2 * pad, width + 2 * pad
+            if self.flip and draw[0] < 0.5:
+                pixels, labels = pixels.flip(-1), labels.flip(-1)
+            top = min(int(draw[1] * (height - crop_h + 1)), height - crop_h)
+            left = min(int(draw[2] * (width - crop_w + 1)), width - crop_w)
+            window = (slice(top, top + crop_h), slice(left, left + crop_w))
+            return (pixels[(..., *window)] / 255.0 - 0.5) / 0.5, labels[window]
+
+        with ThreadPoolExecutor(max_workers=self.num_workers) as pool:
+            pairs = list(pool.map(read, index.tolist(), draws))
+        return torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])  # [B, 3, h, w], [B, h, w]
+
+
 class _SplitDataset(FederatedDataset):
     """Reads LADD's split files and checks that every file they name exists, reporting all problems at once."""
 
@@ -234,7 +297,8 @@ class CityscapesFFREEDA(_SplitDataset):
 
     Args:
         root: LADD's data folder (see the module docstring).
-        size: ``(H, W)`` of the training images (LADD crops 512×1024 after a random scale).
+        size: ``(H, W)`` the training images are read at (full resolution; the run's transform cuts LADD's
+            512×1024 crop after a random scale).
         test_size: ``(H, W)`` of the test images; LADD tests at the full 1024×2048.
         double: ``flipped``, ``repeated`` or null (each training image once; then flip at random instead).
         num_workers: threads that decode a batch.
@@ -244,7 +308,7 @@ class CityscapesFFREEDA(_SplitDataset):
     mapping = CITYSCAPES_19
 
     def __init__(
-        self, root: str, size: tuple[int, int] = (512, 1024), test_size: tuple[int, int] | None = (1024, 2048),
+        self, root: str, size: tuple[int, int] = (1024, 2048), test_size: tuple[int, int] | None = (1024, 2048),
         double: Literal["flipped", "repeated"] | None = None, num_workers: int = 4,
     ) -> None:  # fmt: skip
         if double not in ("flipped", "repeated", None):
@@ -268,7 +332,8 @@ class CrossCity(_SplitDataset):
 
     Args:
         root: LADD's data folder.
-        size: ``(H, W)`` images are resized to.
+        size: ``(H, W)`` images are read at (default: CrossCity's full resolution, which LADD tests at; the
+            run's transform cuts the 512×1024 training crop).
         test_size: ``(H, W)`` of the test images (default: ``size``).
         num_workers: threads that decode a batch.
     """
@@ -277,7 +342,7 @@ class CrossCity(_SplitDataset):
     mapping = CROSSCITY_13
 
     def __init__(
-        self, root: str, size: tuple[int, int] = (512, 1024), test_size: tuple[int, int] | None = None,
+        self, root: str, size: tuple[int, int] = (1024, 2048), test_size: tuple[int, int] | None = None,
         num_workers: int = 4,
     ) -> None:  # fmt: skip
         super().__init__(root, size, test_size, num_workers)
@@ -286,15 +351,24 @@ class CrossCity(_SplitDataset):
 class Mapillary(_SplitDataset):
     """Mapillary Vistas clustered by GPS per continent into 357 clients (30–100 images), 2,000 test images.
 
-    LADD tests Mapillary's images, whose sizes and aspect ratios vary, resized to width 1024 with their aspect
+    Mapillary's images differ in size and aspect ratio. LADD tests them resized to width 1024 with their aspect
     ratio kept (its ``FixedResize(width=1024)``); ``test_width`` does the same, and the test batches must then
-    hold one image each (``--data.eval_batch_size=1``).
+    hold one image each (``--data.eval_batch_size=1``). It trains on them the same way, each resized to width
+    1024, then cut by a random 512×1024 window and mirrored at random, with no random scale: ``train_width``
+    and ``crop`` read training batches so (:class:`SplitCrops`), and the run then needs no
+    ``--data.train_transform``. With ``train_width`` null, training images are resized to ``size`` and a
+    ``train_transform`` augments them.
 
     Args:
         root: LADD's data folder.
-        size: ``(H, W)`` training images are resized to.
+        size: ``(H, W)`` every image of the training pool is resized to for passes that read the clients' data
+            without training on it (their styles), and for training when ``train_width`` is null.
         test_size: ``(H, W)`` of the test images, when ``test_width`` is null (default: ``size``).
         test_width: width every test image is resized to, its aspect ratio kept (LADD: 1024); null: ``test_size``.
+        train_width: width every training image is resized to, its aspect ratio kept, before the random ``crop``
+            (LADD: 1024); null: training batches are read at ``size``.
+        crop: ``(H, W)`` of the random training window (LADD: 512×1024).
+        flip: mirror each training image left–right with probability ½ (LADD: yes).
         num_workers: threads that decode a batch.
     """
 
@@ -302,15 +376,31 @@ class Mapillary(_SplitDataset):
 
     def __init__(
         self, root: str, size: tuple[int, int] = (512, 1024), test_size: tuple[int, int] | None = None,
-        test_width: int | None = 1024, num_workers: int = 4,
+        test_width: int | None = 1024, train_width: int | None = 1024, crop: tuple[int, int] = (512, 1024),
+        flip: bool = True, num_workers: int = 4,
     ) -> None:  # fmt: skip
         flag = "--data.dataset.init_args"
+        problems = []
         if test_width is not None and test_size is not None:
-            raise ConfigError(f"{flag}.test_size and {flag}.test_width both size the test images; set one to null.")
-        if test_width is not None and test_width < 1:
-            raise ConfigError(f"Expected {flag}.test_width ≥ 1 pixel or null, got {test_width}.")
+            problems.append(f"{flag}.test_size and {flag}.test_width both size the test images; set one to null.")
+        for name, width in (("test_width", test_width), ("train_width", train_width)):
+            if width is not None and width < 1:
+                problems.append(f"Expected {flag}.{name} ≥ 1 pixel or null, got {width}.")
+        if min(crop) < 1:
+            problems.append(f"Expected {flag}.crop = [H, W] of at least 1 pixel each, got {list(crop)}.")
+        if problems:
+            raise ConfigError(*problems)
         super().__init__(root, size, test_size, num_workers)
-        self.test_width = test_width
+        self.test_width, self.train_width, self.crop, self.flip = test_width, train_width, tuple(crop), flip
+
+    def load_train(self) -> LabelledTensors:
+        pool = super().load_train()
+        if self.train_width is not None:
+            pool.train_reader = SplitCrops(
+                pool.inputs.paths, pool.targets.paths, pool.targets.lookup, self.train_width, self.crop, self.flip,
+                self.num_workers,
+            )  # fmt: skip
+        return pool
 
     def load_test(self) -> LabelledTensors:
         return self._pool(self._users(self._split_files("test")), self.test_size, False, keep_width=self.test_width)
@@ -324,7 +414,8 @@ class GTA5(_SplitDataset):
         target: the target dataset whose classes the labels are mapped to: ``cityscapes`` and ``mapillary``
             (19 classes) or ``crosscity`` (13).
         split: the split file, ``train`` or ``test``.
-        size: ``(H, W)`` images are resized to (GTA5's are 1052×1914; LADD crops 512×1024 after a random scale).
+        size: ``(H, W)`` images are read at (default: GTA5's 1052×1914; the run's transform cuts LADD's
+            512×1024 crop after a random scale).
         evaluate_on: a target dataset whose test set scores the pre-trained model ("source only").
         num_workers: threads that decode a batch.
     """
@@ -336,7 +427,7 @@ class GTA5(_SplitDataset):
         root: str,
         target: Literal["cityscapes", "crosscity", "mapillary"] = "cityscapes",
         split: Literal["train", "test"] = "train",
-        size: tuple[int, int] = (512, 1024),
+        size: tuple[int, int] = (1052, 1914),
         evaluate_on: FederatedDataset | None = None,
         num_workers: int = 4,
     ) -> None:

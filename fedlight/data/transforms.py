@@ -42,8 +42,8 @@ class RandomScaleCropFlip(BatchTransform):
     ``grid_sample`` call each.
 
     Args:
-        crop_size: side of the square output crop in pixels (512 for Pascal VOC in D11); ``null`` keeps
-            each batch's input size.
+        crop_size: the output crop in pixels: a side for a square (512 for Pascal VOC in D11), ``[H, W]``
+            for a rectangle (LADD's 512×1024), or ``null`` for each batch's input size.
         scale: range ``[low, high]`` of the random scale factor (D11: ``[0.5, 2.0]``).
         flip: mirror each sample horizontally with probability ½.
         ignore_index: label of padded pixels in the label maps.
@@ -51,28 +51,31 @@ class RandomScaleCropFlip(BatchTransform):
 
     def __init__(
         self,
-        crop_size: int | None = None,
+        crop_size: int | tuple[int, int] | None = None,
         scale: tuple[float, float] = (0.5, 2.0),
         flip: bool = True,
         ignore_index: int = IGNORE_INDEX,
     ) -> None:
         flag = "--data.train_transform.init_args"
         problems = []
-        if crop_size is not None and crop_size < 1:
-            problems.append(f"Expected {flag}.crop_size ≥ 1 or null (the input size), got {crop_size}.")
+        sides = (crop_size, crop_size) if isinstance(crop_size, int) else crop_size
+        if sides is not None and (len(sides) != 2 or min(sides) < 1):
+            problems.append(
+                f"Expected {flag}.crop_size ≥ 1 (a side, or [H, W]) or null (the input size), got {crop_size}."
+            )
         if not 0 < scale[0] <= scale[1]:
             problems.append(f"Expected {flag}.scale = [low, high] with 0 < low ≤ high, got {list(scale)}.")
         if problems:
             raise ConfigError(*problems)
-        self.crop_size = crop_size
+        self.crop_size = None if sides is None else (int(sides[0]), int(sides[1]))
         self.scale = (float(scale[0]), float(scale[1]))
         self.flip = flip
         self.ignore_index = ignore_index
 
     def __call__(self, x: Tensor, y: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        """Returns ``([B, C, S, S], [B, S, S])`` crops, S = ``crop_size`` (or the input's ``[H, W]``)."""
+        """Returns ``([B, C, H', W'], [B, H', W'])`` crops, ``[H', W']`` = ``crop_size`` (or the input's)."""
         batch, _, height, width = x.shape
-        out_h, out_w = (self.crop_size, self.crop_size) if self.crop_size else (height, width)
+        out_h, out_w = self.crop_size or (height, width)
         low, high = self.scale
         scales = low + (high - low) * torch.rand(batch, generator=generator)  # s, [B]
         # the crop's corner in the scaled image, between 0 and (scaled size − crop size), either sign

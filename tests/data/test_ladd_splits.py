@@ -196,3 +196,91 @@ def test_mapillary_test_images_keep_their_aspect_ratio_at_the_test_width(tmp_pat
     assert fixed.inputs[torch.tensor([0, 1])].shape == (2, 3, H, W)  # null: every test image at one size
     with pytest.raises(ConfigError, match="set one to null"):
         Mapillary(str(tmp_path), test_size=(H, W), test_width=16)
+
+
+def _coded_mapillary(root, shapes):
+    """Mapillary training clients, one per image of ``(height, width)``: pixel (r, c) shows (r, c, 0) and is
+    labelled road (train id 0) where r + c is even, car (13) where odd; and a test user with the first image."""
+    base, users = root / "mapillary", {}
+    for k, (h, w) in enumerate(shapes):
+        rows, cols = np.mgrid[:h, :w]
+        pixels = np.stack([rows, cols, np.zeros_like(rows)], axis=-1).astype(np.uint8)
+        (base / "data/training/images").mkdir(parents=True, exist_ok=True)
+        (base / "data/training/v1.2/labels").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(base / f"data/training/images/{k}.png")
+        Image.fromarray(np.where((rows + cols) % 2 == 0, 13, 55).astype(np.uint8)).save(
+            base / f"data/training/v1.2/labels/{k}.png"
+        )
+        users[f"EU{k}"] = {"x": [f"training/images/{k}.png"], "y": [f"training/v1.2/labels/{k}.png"]}
+    _leaf(base / "splits/clustering/train/EU.json", users)
+    _leaf(base / "splits/clustering/test/test.json", {"test_user": users["EU0"]})
+
+
+def test_mapillary_training_reads_a_random_window_of_each_image_and_its_labels_alike(tmp_path):
+    _coded_mapillary(tmp_path, [(20, 40), (6, 40)])
+    dataset = Mapillary(str(tmp_path), size=(H, W), train_width=40, crop=(8, 40), num_workers=2)
+    reader = dataset.load_train().train_reader
+    generator = torch.Generator().manual_seed(0)
+    tops, flips = set(), 0
+    for _ in range(60):
+        x, y = reader.read(torch.tensor([0, 1]), generator)
+        assert x.shape == (2, 3, 8, 40) and y.shape == (2, 8, 40)
+        raw = ((x * 0.5 + 0.5) * 255).round().long()  # the pixels' (row, column) codes
+        # the 20×40 image: a window of rows top..top+7 at full width, mirrored or not
+        top, flipped = int(raw[0, 0, 0, 0]), bool(raw[0, 1, 0, 0] == 39)
+        rows = torch.arange(top, top + 8)[:, None].expand(8, 40)
+        cols = (39 - torch.arange(40) if flipped else torch.arange(40)).expand(8, 40)
+        assert 0 <= top <= 12 and torch.equal(raw[0, 0], rows) and torch.equal(raw[0, 1], cols)
+        assert torch.equal(y[0], torch.where((rows + cols) % 2 == 0, 0, 13))
+        tops.add(top)
+        flips += flipped
+        # the 6×40 image is padded by ⌊(1 + 8 − 6)/2⌋ = 1 pixel on every side (LADD's RandomCrop), to 8×42
+        assert (y[1, [0, 7]] == 255).all() and (x[1, :, [0, 7]] == -1).all()
+        inside = y[1, 1:7] != 255  # 40 − 1 or 40 − 2 columns of the image, by where the 40-wide window sits
+        assert inside.all(dim=0).sum() in (38, 39, 40) and (inside == inside[:1]).all()
+    assert len(tops) >= 10 and 15 <= flips <= 45  # uniform offsets over 0..12, flips about half the time
+    again = Mapillary(str(tmp_path), size=(H, W), train_width=40, crop=(8, 40), num_workers=1).load_train()
+    first = reader.read(torch.tensor([0, 1]), torch.Generator().manual_seed(3))
+    second = again.train_reader.read(torch.tensor([0, 1]), torch.Generator().manual_seed(3))
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])  # the seed fixes the crops
+
+
+def test_mapillary_training_resizes_to_the_width_keeping_the_aspect_ratio_before_the_crop(tmp_path):
+    _coded_mapillary(tmp_path, [(40, 80)])
+    reader = Mapillary(str(tmp_path), size=(H, W), train_width=20, crop=(6, 20), flip=False).load_train().train_reader
+    tops = set()
+    for seed in range(12):
+        x, y = reader.read(torch.tensor([0]), torch.Generator().manual_seed(seed))
+        assert x.shape == (1, 3, 6, 20)  # 40×80 → 10×20, then a 6-row window
+        raw = (x[0] * 0.5 + 0.5) * 255
+        # resized row i averages source rows 4i..4i+3, so shows 4i + 1.5 (border rows and columns excepted)
+        top = round((float(raw[0, 1, 0]) - 1.5) / 4) - 1
+        expected = 4 * torch.arange(top + 1, top + 5).float() + 1.5  # window rows 1..4: never a border row
+        assert 0 <= top <= 4 and torch.allclose(raw[0, 1:5, 5], expected, atol=1e-3)
+        assert torch.allclose(raw[1, 0, 1:19], 4 * torch.arange(1, 19).float() + 1.5, atol=1e-3)  # inner columns
+        assert (y == 0).all()  # nearest labels come from source pixels (4i, 4j), where r + c is even: road
+        tops.add(top)
+    assert len(tops) >= 3
+
+
+@pytest.mark.parametrize("bad", [{"train_width": 0}, {"crop": (0, 1024)}])
+def test_bad_mapillary_training_sizes_name_the_flag(tmp_path, bad):
+    flag = next(iter(bad))
+    with pytest.raises(ConfigError, match=rf"--data.dataset.init_args.{flag}"):
+        Mapillary(str(tmp_path), **bad)
+
+
+def test_a_federated_ladd_round_on_mapillary_images_of_different_sizes(tmp_path):
+    _coded_mapillary(tmp_path, [(20, 40), (30, 40), (16, 48), (40, 32)])
+    dataset = Mapillary(str(tmp_path), size=(H, W), test_width=None, train_width=W, crop=(H, W), num_workers=1)
+    data = FederatedDataModule(dataset, batch_size=1, test_fraction=0.0, drop_last=True, eval_batch_size=1)
+    data.setup()
+    x, y = next(data.train_batches(3, torch.Generator().manual_seed(0)))  # 40×32 → 40×32 at width 32, cropped
+    assert x.shape == (1, 3, H, W) and y.shape == (1, H, W) and set(y.unique().tolist()) <= {0, 13}
+    torch.manual_seed(0)
+    model = SelfTrainingClient(num_classes=19, input_shape=(3, H, W), model="mini_deeplab")
+    strategy = LADD(k_range=(2, 3), n_init=2, fda_size=(H, W), cluster_layers="bn")
+    trainer = FederatedTrainer(rounds=1, clients_per_round=2, local_epochs=1, logger="csv", enable_progress_bar=False,
+                               default_root_dir=tmp_path / "runs")  # fmt: skip
+    metrics = trainer.fit(model, data, strategy)
+    assert metrics["round/clients_aggregated"] == 2 and 0 <= metrics["test/routed/miou"] <= 1

@@ -42,6 +42,19 @@ def test_crop_keeps_images_aligned_with_labels() -> None:
         assert any(torch.equal(crop, w) for w in windows)
 
 
+def test_a_rectangular_crop_is_a_window_of_that_shape() -> None:
+    labels = torch.arange(12 * 24).view(1, 12, 24).repeat(5, 1, 1)  # every pixel its own label
+    x = labels[:, None].float().expand(-1, 3, -1, -1).contiguous()
+    out_x, out_y = RandomScaleCropFlip(crop_size=(4, 16), scale=(1.0, 1.0), flip=False)(
+        x, labels, torch.Generator().manual_seed(7)
+    )
+    assert out_x.shape == (5, 3, 4, 16) and out_y.shape == (5, 4, 16)
+    for crop in out_y:  # the window's top-left label gives its offset; the rest follows row-major
+        top, left = divmod(int(crop[0, 0]), 24)
+        assert 0 <= top <= 8 and 0 <= left <= 8 and torch.equal(crop, labels[0, top : top + 4, left : left + 16])
+    assert torch.equal(out_x[:, 0].round().long(), out_y)
+
+
 def test_doubling_is_a_window_of_the_nearest_upsampled_map() -> None:
     _, y = _batch(size=16, batch=6)
     _, out_y = RandomScaleCropFlip(crop_size=16, scale=(2.0, 2.0), flip=False)(
@@ -73,3 +86,5 @@ def test_bad_settings_name_the_flags() -> None:
     with pytest.raises(ConfigError) as info:
         RandomScaleCropFlip(crop_size=0, scale=(2.0, 0.5))
     assert "crop_size ≥ 1" in str(info.value) and "low ≤ high" in str(info.value)
+    with pytest.raises(ConfigError, match="crop_size ≥ 1"):
+        RandomScaleCropFlip(crop_size=(512, 0))
