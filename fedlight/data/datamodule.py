@@ -102,7 +102,11 @@ class FederatedDataModule:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.dataset.input_shape)
+        """One training sample's shape as the model receives it: the dataset's, cropped by ``train_transform``."""
+        shape = tuple(self.dataset.input_shape)
+        if self.train_transform is None or len(shape) != 3:
+            return shape
+        return (shape[0], *self.train_transform.output_size(shape[1:]))
 
     def setup(self) -> None:
         """Loads the pool, partitions it and splits every client 80/20 (idempotent)."""

@@ -392,6 +392,8 @@ class Mapillary(_SplitDataset):
             raise ConfigError(*problems)
         super().__init__(root, size, test_size, num_workers)
         self.test_width, self.train_width, self.crop, self.flip = test_width, train_width, tuple(crop), flip
+        if train_width is not None:
+            self.input_shape = (3, *self.crop)  # what training batches hold
 
     def load_train(self) -> LabelledTensors:
         pool = super().load_train()

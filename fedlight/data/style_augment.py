@@ -158,6 +158,9 @@ class StyleAugment(BatchTransform):
             x, y = self.geometry(x, y, generator)
         return x, y
 
+    def output_size(self, size: tuple[int, int]) -> tuple[int, int]:
+        return tuple(size) if self.geometry is None else self.geometry.output_size(size)
+
     def _jitter(self, raw: Tensor, generator: torch.Generator) -> Tensor:
         """Brightness, contrast and saturation factors per image, uniform in [1 − j, 1 + j]."""
         factors = 1 + (2 * torch.rand(3, len(raw), generator=generator) - 1) * torch.tensor(self.color_jitter)[:, None]

@@ -28,6 +28,10 @@ class BatchTransform(ABC):
     def __call__(self, x: Tensor, y: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """Returns the augmented ``(x, y)``."""
 
+    def output_size(self, size: tuple[int, int]) -> tuple[int, int]:
+        """The ``(H, W)`` of the batches returned for input batches of ``size``: the size the model trains on."""
+        return tuple(size)
+
 
 class RandomScaleCropFlip(BatchTransform):
     """Random scale, crop and horizontal flip of images ``[B, C, H, W]`` and label maps ``[B, H, W]`` (D11).
@@ -71,6 +75,9 @@ class RandomScaleCropFlip(BatchTransform):
         self.scale = (float(scale[0]), float(scale[1]))
         self.flip = flip
         self.ignore_index = ignore_index
+
+    def output_size(self, size: tuple[int, int]) -> tuple[int, int]:
+        return self.crop_size or tuple(size)
 
     def __call__(self, x: Tensor, y: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """Returns ``([B, C, H', W'], [B, H', W'])`` crops, ``[H', W']`` = ``crop_size`` (or the input's)."""

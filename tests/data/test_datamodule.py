@@ -74,6 +74,8 @@ def test_train_transform_draws_from_the_clients_generator() -> None:
 
     first, again, other = epoch(data, 0), epoch(data, 0), epoch(data, 1)
     assert all(x.shape[-2:] == (8, 8) and y.shape[-2:] == (8, 8) for x, y in first)
+    # the model is built for what it trains on: the crop, not the dataset's 16×16 images
+    assert data.input_shape == (3, 8, 8) and plain.input_shape == (3, 16, 16)
     assert all(torch.equal(a[1], b[1]) for a, b in zip(first, again, strict=True))
     assert not all(torch.equal(a[1], b[1]) for a, b in zip(first, other, strict=True))
     # evaluation passes are never augmented

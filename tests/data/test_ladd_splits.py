@@ -276,6 +276,7 @@ def test_a_federated_ladd_round_on_mapillary_images_of_different_sizes(tmp_path)
     data = FederatedDataModule(dataset, batch_size=1, test_fraction=0.0, drop_last=True, eval_batch_size=1)
     data.setup()
     x, y = next(data.train_batches(3, torch.Generator().manual_seed(0)))  # 40×32 → 40×32 at width 32, cropped
+    assert data.input_shape == (3, H, W) == Mapillary(str(tmp_path), crop=(H, W)).input_shape  # the crop
     assert x.shape == (1, 3, H, W) and y.shape == (1, H, W) and set(y.unique().tolist()) <= {0, 13}
     torch.manual_seed(0)
     model = SelfTrainingClient(num_classes=19, input_shape=(3, H, W), model="mini_deeplab")

@@ -61,3 +61,12 @@ def test_without_a_style_file_only_colours_and_crops_change():
     out, labels = augment(x, y, torch.Generator().manual_seed(0))
     torch.testing.assert_close(out, x, atol=1e-5, rtol=0)
     assert torch.equal(labels, y)
+
+
+def test_the_training_size_is_the_geometrys_crop():
+    from fedlight.data.transforms import RandomScaleCropFlip
+
+    cropped = StyleAugment(None, geometry=RandomScaleCropFlip(crop_size=(4, 6)))
+    x, y = torch.rand(2, 3, SIZE, SIZE) * 2 - 1, torch.randint(3, (2, SIZE, SIZE))
+    assert cropped.output_size((SIZE, SIZE)) == (4, 6) == tuple(cropped(x, y, torch.Generator())[0].shape[-2:])
+    assert StyleAugment(None).output_size((SIZE, SIZE)) == (SIZE, SIZE)

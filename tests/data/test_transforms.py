@@ -53,6 +53,9 @@ def test_a_rectangular_crop_is_a_window_of_that_shape() -> None:
         top, left = divmod(int(crop[0, 0]), 24)
         assert 0 <= top <= 8 and 0 <= left <= 8 and torch.equal(crop, labels[0, top : top + 4, left : left + 16])
     assert torch.equal(out_x[:, 0].round().long(), out_y)
+    transform = RandomScaleCropFlip(crop_size=(4, 16))
+    assert transform.output_size((12, 24)) == (4, 16) == tuple(transform(x, labels, torch.Generator())[1].shape[1:])
+    assert RandomScaleCropFlip(crop_size=None).output_size((12, 24)) == (12, 24)
 
 
 def test_doubling_is_a_window_of_the_nearest_upsampled_map() -> None:
