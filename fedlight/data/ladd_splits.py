@@ -99,6 +99,33 @@ def _stack(samples: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(samples)
 
 
+def _read_pixels(path: Path, size: tuple[int, int] | None, keep_width: int | None) -> torch.Tensor:
+    """An RGB image file as ``[3, H, W]`` float in 0–255, resized bilinearly to :func:`resized_shape`'s size."""
+    with Image.open(path) as image:
+        pixels = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1).float()  # [3, h, w]
+    size = resized_shape(*pixels.shape[-2:], size, keep_width)
+    if tuple(pixels.shape[-2:]) != size:
+        pixels = F.interpolate(pixels[None], size, mode="bilinear", antialias=True)[0]
+    return pixels
+
+
+def _read_labels(
+    path: Path, lookup: torch.Tensor, size: tuple[int, int] | None, keep_width: int | None
+) -> torch.Tensor:
+    """A label file as ``[H, W]`` int64 train ids (``lookup``), resized by nearest neighbour like the images."""
+    with Image.open(path) as mask:
+        labels = lookup[torch.from_numpy(np.array(mask).astype(np.int64))]  # [h, w]
+    size = resized_shape(*labels.shape, size, keep_width)
+    if tuple(labels.shape) != size:
+        labels = F.interpolate(labels[None, None].float(), size, mode="nearest")[0, 0].long()
+    return labels
+
+
+def _normalise(pixels: torch.Tensor) -> torch.Tensor:
+    """0–255 → mean = std = 0.5 (LADD's normalisation)."""
+    return (pixels / 255.0 - 0.5) / 0.5
+
+
 class SplitImages(LazySamples):
     """RGB image files read per batch, resized and normalised with mean = std = 0.5.
 
@@ -116,13 +143,8 @@ class SplitImages(LazySamples):
 
     def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
         def read(i: int) -> torch.Tensor:
-            with Image.open(self.paths[i]) as image:
-                pixels = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1)  # [3, h, w] uint8
-            size = resized_shape(*pixels.shape[-2:], self.size, self.keep_width)
-            if tuple(pixels.shape[-2:]) != size:
-                pixels = F.interpolate(pixels[None].float(), size, mode="bilinear", antialias=True)[0]
-            pixels = pixels.flip(-1) if self.flips[i] else pixels
-            return (pixels.float() / 255.0 - 0.5) / 0.5
+            pixels = _read_pixels(self.paths[i], self.size, self.keep_width)
+            return _normalise(pixels.flip(-1) if self.flips[i] else pixels)
 
         with ThreadPoolExecutor(max_workers=self.num_workers) as pool:
             return _stack(list(pool.map(read, index.tolist())))  # [B, 3, H, W]
@@ -142,14 +164,9 @@ class SplitMasks(LazySamples):
 
     def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
         def read(i: int) -> torch.Tensor:
-            path = self.paths[i]
-            if path is None:
+            if self.paths[i] is None:
                 return torch.full(self.size, IGNORE_INDEX, dtype=torch.int64)
-            with Image.open(path) as mask:
-                labels = self.lookup[torch.from_numpy(np.array(mask).astype(np.int64))]  # [h, w]
-            size = resized_shape(*labels.shape, self.size, self.keep_width)
-            if tuple(labels.shape) != size:
-                labels = F.interpolate(labels[None, None].float(), size, mode="nearest")[0, 0].long()
+            labels = _read_labels(self.paths[i], self.lookup, self.size, self.keep_width)
             return labels.flip(-1) if self.flips[i] else labels
 
         with ThreadPoolExecutor(max_workers=self.num_workers) as pool:
@@ -184,19 +201,12 @@ class SplitCrops(PairedSamples):
         draws = torch.rand(len(index), 3, generator=generator, dtype=torch.float64)  # [B, (flip, row, column)]
 
         def read(i: int, draw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            with Image.open(self.images[i]) as image:
-                pixels = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1).float()  # [3, h, w]
+            pixels = _read_pixels(self.images[i], None, self.width)  # [3, H, W] at width `width`
             if self.labels[i] is None:
                 labels = torch.full(pixels.shape[-2:], IGNORE_INDEX, dtype=torch.int64)
             else:
-                with Image.open(self.labels[i]) as mask:
-                    labels = self.lookup[torch.from_numpy(np.array(mask).astype(np.int64))]  # [h, w]
-            size = resized_shape(*pixels.shape[-2:], None, self.width)
-            if tuple(pixels.shape[-2:]) != size:
-                pixels = F.interpolate(pixels[None], size, mode="bilinear", antialias=True)[0]
-            if tuple(labels.shape) != size:
-                labels = F.interpolate(labels[None, None].float(), size, mode="nearest")[0, 0].long()
-            (crop_h, crop_w), (height, width) = self.crop, size
+                labels = _read_labels(self.labels[i], self.lookup, None, self.width)
+            (crop_h, crop_w), (height, width) = self.crop, tuple(pixels.shape[-2:])
             for short, missing in ((width < crop_w, crop_w - width), (height < crop_h, crop_h - height)):
                 if short:  # LADD pads every side by the same amount
                     pad = (1 + missing) // 2
@@ -208,7 +218,7 @@ class SplitCrops(PairedSamples):
             top = min(int(draw[1] * (height - crop_h + 1)), height - crop_h)
             left = min(int(draw[2] * (width - crop_w + 1)), width - crop_w)
             window = (slice(top, top + crop_h), slice(left, left + crop_w))
-            return (pixels[(..., *window)] / 255.0 - 0.5) / 0.5, labels[window]
+            return _normalise(pixels[(..., *window)]), labels[window]
 
         with ThreadPoolExecutor(max_workers=self.num_workers) as pool:
             pairs = list(pool.map(read, index.tolist(), draws))
