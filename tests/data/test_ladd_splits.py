@@ -70,16 +70,21 @@ def test_crosscity_clients_are_the_split_files_users_unlabelled_and_the_test_set
     assert test.groups is None and len(test) == 2
 
 
+def _ladd_fit(data, tmp_path, num_classes, cluster_layers, rounds):
+    """LADD on ``data`` with mini_deeplab, two clients a round; returns the trainer and its final metrics."""
+    torch.manual_seed(0)
+    model = SelfTrainingClient(num_classes=num_classes, input_shape=(3, H, W), model="mini_deeplab")
+    strategy = LADD(k_range=(2, 3), n_init=2, fda_size=(H, W), cluster_layers=cluster_layers)
+    trainer = FederatedTrainer(rounds=rounds, clients_per_round=2, local_epochs=1, logger="csv",
+                               enable_progress_bar=False, default_root_dir=tmp_path / "runs")  # fmt: skip
+    return trainer, trainer.fit(model, data, strategy)
+
+
 def test_a_federated_ladd_round_on_the_crosscity_miniature(tmp_path):
     crosscity(tmp_path)
     data = FederatedDataModule(CrossCity(str(tmp_path), size=(H, W), num_workers=1), batch_size=2, test_fraction=0.0,
                                drop_last=True, eval_batch_size=2)  # fmt: skip
-    torch.manual_seed(0)
-    model = SelfTrainingClient(num_classes=13, input_shape=(3, H, W), model="mini_deeplab")
-    strategy = LADD(k_range=(2, 3), n_init=2, fda_size=(H, W), cluster_layers="classifier")
-    trainer = FederatedTrainer(rounds=2, clients_per_round=2, local_epochs=1, logger="csv", enable_progress_bar=False,
-                               default_root_dir=tmp_path / "runs")  # fmt: skip
-    metrics = trainer.fit(model, data, strategy)
+    trainer, metrics = _ladd_fit(data, tmp_path, num_classes=13, cluster_layers="classifier", rounds=2)
     assert data.num_clients == 4 and trainer.bank.num_clusters == 2
     assert 0 <= metrics["test/routed/miou"] <= 1 and "test/miou" in metrics
     assert metrics["round/clients_aggregated"] == 2
@@ -278,10 +283,5 @@ def test_a_federated_ladd_round_on_mapillary_images_of_different_sizes(tmp_path)
     x, y = next(data.train_batches(3, torch.Generator().manual_seed(0)))  # 40×32 → 40×32 at width 32, cropped
     assert data.input_shape == (3, H, W) == Mapillary(str(tmp_path), crop=(H, W)).input_shape  # the crop
     assert x.shape == (1, 3, H, W) and y.shape == (1, H, W) and set(y.unique().tolist()) <= {0, 13}
-    torch.manual_seed(0)
-    model = SelfTrainingClient(num_classes=19, input_shape=(3, H, W), model="mini_deeplab")
-    strategy = LADD(k_range=(2, 3), n_init=2, fda_size=(H, W), cluster_layers="bn")
-    trainer = FederatedTrainer(rounds=1, clients_per_round=2, local_epochs=1, logger="csv", enable_progress_bar=False,
-                               default_root_dir=tmp_path / "runs")  # fmt: skip
-    metrics = trainer.fit(model, data, strategy)
+    _, metrics = _ladd_fit(data, tmp_path, num_classes=19, cluster_layers="bn", rounds=1)
     assert metrics["round/clients_aggregated"] == 2 and 0 <= metrics["test/routed/miou"] <= 1
