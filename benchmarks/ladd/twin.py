@@ -57,6 +57,9 @@ REDUCED_PRETRAINING = ["--trainer.rounds=3", "--data.dataset.init_args.num_sourc
 REDUCED_FEDERATED = ["--trainer.rounds=4", "--trainer.clients_per_round=4",
                      "--data.dataset.init_args.num_test_per_city=10"]  # fmt: skip
 NO_SWA = {"st", "fedavg_st", "fda_st_kd", "fda_st_kd_clu"}  # rows without an SWA teacher
+#: ``--code-behaviours``: what LADD's released code does where it departs from the paper (docs/ladd.md)
+CODE_BEHAVIOURS = ["--strategy.init_args.reset_unsampled_clusters=true",
+                   "--strategy.init_args.shared_pseudo_teacher=true", "--strategy.init_args.swa_of_global=true"]  # fmt: skip
 
 
 def tail_summary(rows: list[dict[str, str]], key: str) -> tuple[float, float] | None:
@@ -79,8 +82,11 @@ def cluster_accuracy(run_dir: Path) -> float | None:
     return correct / sum(len(ids) for ids in clusters.values())
 
 
-def run_row(row: str, out: Path, seed: int = 0, reduced: bool = False) -> dict[str, object]:
-    """Runs one row's config with ``seed`` (data and training) into ``out/<row>/version_0``; summarises its metrics."""
+def run_row(row: str, out: Path, seed: int = 0, reduced: bool = False, code: bool = False) -> dict[str, object]:
+    """Runs one row's config with ``seed`` (data and training) into ``out/<row>/version_0``; summarises its metrics.
+
+    ``code`` adds LADD's code behaviours (:data:`CODE_BEHAVIOURS`) to the federated rows.
+    """
     args = ["fit", "--config", str(CONF / f"{row}.yaml"), f"--trainer.default_root_dir={out}",
             "--trainer.logger=csv", "--trainer.enable_progress_bar=false", f"--seed_everything={seed}",
             f"--data.dataset.init_args.seed={seed}"]  # fmt: skip
@@ -94,6 +100,7 @@ def run_row(row: str, out: Path, seed: int = 0, reduced: bool = False) -> dict[s
     if row in FEDERATED:
         source = "source_only" if row == "st" else "pretrain_fda"
         args.append(f"--trainer.init_from={out}/{source}/version_0/checkpoints/last.ckpt")
+        args += CODE_BEHAVIOURS if code else []
     started = time.perf_counter()
     run(args)
     seconds = time.perf_counter() - started
@@ -132,6 +139,9 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="data and training seeds")
     parser.add_argument("--reduced", action="store_true", help="a few rounds per row: a smoke run, not a measurement")
     parser.add_argument("--out", type=Path, default=REPO / "runs/ladd/twin_benchmark", help="where the runs go")
+    parser.add_argument("--code-behaviours", action="store_true", help="federated rows as LADD's released code "
+                        "runs them: unsampled clusters restart from the global model, one shared pseudo-label "
+                        "teacher, the SWA teacher averages the global model")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--collect", nargs="+", type=Path, help="only write the committed tables from the twin.json "
                         "of these folders (e.g. seeds run as separate processes; name benchmarks/ladd/results too to "
@@ -145,11 +155,11 @@ def main() -> None:
     if args.out.exists():
         raise SystemExit(f"{args.out} exists; remove it or pass --out elsewhere, so every row is version_0")
     # the committed tables come from full runs of the default rows; others write their tables beside their runs
-    results_dir = RESULTS if args.rows is None and not args.reduced else args.out
+    results_dir = RESULTS if args.rows is None and not (args.reduced or args.code_behaviours) else args.out
     results = []
     for seed in args.seeds:  # the tables are rewritten after every row, so a cut-short run keeps what it measured
         for row in rows:
-            results.append(run_row(row, args.out / f"seed{seed}", seed, args.reduced))
+            results.append(run_row(row, args.out / f"seed{seed}", seed, args.reduced, args.code_behaviours))
             print(json.dumps(results[-1]), flush=True)
             write_tables(results, results_dir)
 
