@@ -58,8 +58,11 @@ REDUCED_FEDERATED = ["--trainer.rounds=4", "--trainer.clients_per_round=4",
                      "--data.dataset.init_args.num_test_per_city=10"]  # fmt: skip
 NO_SWA = {"st", "fedavg_st", "fda_st_kd", "fda_st_kd_clu"}  # rows without an SWA teacher
 #: ``--code-behaviours``: what LADD's released code does where it departs from the paper (docs/ladd.md)
-CODE_BEHAVIOURS = ["--strategy.init_args.reset_unsampled_clusters=true",
-                   "--strategy.init_args.shared_pseudo_teacher=true", "--strategy.init_args.swa_of_global=true"]  # fmt: skip
+CODE_BEHAVIOURS = [
+    "--strategy.init_args.reset_unsampled_clusters=true",
+    "--strategy.init_args.shared_pseudo_teacher=true",
+    "--strategy.init_args.swa_of_global=true",
+]
 
 
 def tail_summary(rows: list[dict[str, str]], key: str) -> tuple[float, float] | None:
