@@ -17,6 +17,8 @@ writes its tables to ``benchmarks/ladd/results/``; other runs write them beside 
     # extra rows beside the committed ones: collect the committed results too (they are rewritten, not appended to)
     python benchmarks/ladd/twin.py --seeds 0 1 2 --rows pretrain_fda_1x1 pretrain_fda_5x5 --out runs/ladd/table6
     python benchmarks/ladd/twin.py --collect benchmarks/ladd/results runs/ladd/table6
+    # the federated rows at another client learning rate (how fast self-training moves the model)
+    python benchmarks/ladd/twin.py --seeds 0 1 2 --lr 0.003 --rows pretrain_fda fedavg_st fda_st_kd --out runs/ladd/lr
     python benchmarks/ladd/twin.py --reduced --rows source_only pretrain_fda fda_st_kd ladd_all --out /tmp/x  # CI
 """
 
@@ -85,10 +87,13 @@ def cluster_accuracy(run_dir: Path) -> float | None:
     return correct / sum(len(ids) for ids in clusters.values())
 
 
-def run_row(row: str, out: Path, seed: int = 0, reduced: bool = False, code: bool = False) -> dict[str, object]:
+def run_row(
+    row: str, out: Path, seed: int = 0, reduced: bool = False, code: bool = False, lr: float | None = None
+) -> dict[str, object]:
     """Runs one row's config with ``seed`` (data and training) into ``out/<row>/version_0``; summarises its metrics.
 
-    ``code`` adds LADD's code behaviours (:data:`CODE_BEHAVIOURS`) to the federated rows.
+    ``code`` adds LADD's code behaviours (:data:`CODE_BEHAVIOURS`) to the federated rows; ``lr`` replaces their
+    clients' learning rate.
     """
     args = ["fit", "--config", str(CONF / f"{row}.yaml"), f"--trainer.default_root_dir={out}",
             "--trainer.logger=csv", "--trainer.enable_progress_bar=false", f"--seed_everything={seed}",
@@ -104,6 +109,7 @@ def run_row(row: str, out: Path, seed: int = 0, reduced: bool = False, code: boo
         source = "source_only" if row == "st" else "pretrain_fda"
         args.append(f"--trainer.init_from={out}/{source}/version_0/checkpoints/last.ckpt")
         args += CODE_BEHAVIOURS if code else []
+        args += [] if lr is None else [f"--model.init_args.optimizer.init_args.lr={lr}"]
     started = time.perf_counter()
     run(args)
     seconds = time.perf_counter() - started
@@ -145,6 +151,8 @@ def main() -> None:
     parser.add_argument("--code-behaviours", action="store_true", help="federated rows as LADD's released code "
                         "runs them: unsampled clusters restart from the global model, one shared pseudo-label "
                         "teacher, the SWA teacher averages the global model")  # fmt: skip
+    parser.add_argument("--lr", type=float, default=None, help="the federated rows' client learning rate instead of "
+                        "base.yaml's 0.01: how fast self-training moves the model (the twin's time scale)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--collect", nargs="+", type=Path, help="only write the committed tables from the twin.json "
                         "of these folders (e.g. seeds run as separate processes; name benchmarks/ladd/results too to "
@@ -158,11 +166,12 @@ def main() -> None:
     if args.out.exists():
         raise SystemExit(f"{args.out} exists; remove it or pass --out elsewhere, so every row is version_0")
     # the committed tables come from full runs of the default rows; others write their tables beside their runs
-    results_dir = RESULTS if args.rows is None and not (args.reduced or args.code_behaviours) else args.out
+    changed = args.reduced or args.code_behaviours or args.lr is not None
+    results_dir = RESULTS if args.rows is None and not changed else args.out
     results = []
     for seed in args.seeds:  # the tables are rewritten after every row, so a cut-short run keeps what it measured
         for row in rows:
-            results.append(run_row(row, args.out / f"seed{seed}", seed, args.reduced, args.code_behaviours))
+            results.append(run_row(row, args.out / f"seed{seed}", seed, args.reduced, args.code_behaviours, args.lr))
             print(json.dumps(results[-1]), flush=True)
             write_tables(results, results_dir)
 
