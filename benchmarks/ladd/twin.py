@@ -161,6 +161,8 @@ def main() -> None:
     if args.collect:
         write_tables([r for folder in args.collect for r in json.loads((folder / "twin.json").read_text())], RESULTS)
         return
+    if args.lr is not None and not args.lr > 0:
+        parser.error(f"--lr must be a learning rate > 0, got {args.lr}")
     rows = args.rows or (ORDER if len(args.seeds) == 1 else MAIN)
     torch.set_num_threads(args.threads)
     if args.out.exists():
