@@ -1,6 +1,7 @@
 """The ``fedlight`` command, run in-process (importing the package once is the slow part)."""
 
 import csv
+import importlib.util
 import os
 import re
 import sys
@@ -29,6 +30,12 @@ def test_every_config_parses_and_instantiates(path):
     keys = yaml.safe_load(path.read_text()).keys()
     stack = [] if {"model", "config"} & keys else ["--config", SYNTHETIC]
     cfg = parser.parse_args(["fit", *stack, "--config", str(path)])
+    if cfg.fit.model.init_args.get("crf") and importlib.util.find_spec("pydensecrf") is None:
+        # The dense CRF is an optional extra: without it the config must be refused by name at set-up, and
+        # everything else in it must still build.
+        with pytest.raises(ValueError, match=r"--model\.init_args\.crf=true .* pip install pydensecrf2"):
+            parser.instantiate(cfg)
+        cfg.fit.model.init_args.crf = False
     objects = parser.instantiate(cfg).fit
     assert objects.trainer.rounds >= 1
     assert objects.model.net is not None
