@@ -67,3 +67,14 @@ class FederatedClient(LightningModule):
     def evaluation_metric(self, num_groups: int) -> Metric:
         """Returns a fresh metric that accumulates ``validation_step`` outputs over ``num_groups`` groups."""
         raise NotImplementedError
+
+
+def features_and_logits(net: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The classifier's input and the logits of ``x``: through ``forward_features`` and ``forward_head`` when the
+    network has them, else through its plain ``forward``, which gives no features (enough for rules that read
+    only the weights, such as FedAvg; those that read features check for them at set-up)."""
+    if hasattr(net, "forward_features") and hasattr(net, "forward_head"):
+        features = net.forward_features(x)
+        return features, net.forward_head(features)
+    return None, net(x)
+

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fedlight.clients.base import FederatedClient, OptimizerCallable
+from fedlight.clients.base import FederatedClient, OptimizerCallable, features_and_logits
 from fedlight.metrics.classification import GroupedClassification
 from fedlight.models import create_model
 
@@ -45,9 +45,9 @@ class ClassificationClient(FederatedClient):
 
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> dict[str, torch.Tensor]:
         x, y = batch[0], batch[1]
-        features = self.net.forward_features(x)  # [B, D]
-        logits = self.net.forward_head(features)  # [B, C]
-        return {"loss": F.cross_entropy(logits, y), "features": features, "logits": logits}
+        features, logits = features_and_logits(self.net, x)  # [B, D], [B, C]
+        outputs = {"loss": F.cross_entropy(logits, y), "logits": logits}
+        return outputs if features is None else {**outputs, "features": features}
 
     def validation_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> dict[str, torch.Tensor]:
         x, y, group = batch

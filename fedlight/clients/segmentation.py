@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fedlight.clients.base import FederatedClient, OptimizerCallable
+from fedlight.clients.base import FederatedClient, OptimizerCallable, features_and_logits
 from fedlight.data.labels import IGNORE_INDEX
 from fedlight.errors import ConfigError
 from fedlight.metrics.segmentation import GroupedSegmentation
@@ -90,12 +90,12 @@ class SegmentationClient(FederatedClient):
 
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> dict[str, torch.Tensor]:
         x, y = batch[0], batch[1]
-        features = self.net.forward_features(x)  # [B, D, H/4, W/4]
-        logits = self.net.forward_head(features)  # [B, C, H, W]
+        features, logits = features_and_logits(self.net, x)  # [B, D, H/4, W/4], [B, C, H, W]
         # mean over valid pixels; a crop that is void everywhere contributes 0, not 0/0
         loss_sum = F.cross_entropy(logits, y, ignore_index=self.ignore_index, reduction="sum")
         loss = loss_sum / (y != self.ignore_index).sum().clamp(min=1)
-        return {"loss": loss, "features": features, "logits": logits}
+        outputs = {"loss": loss, "logits": logits}
+        return outputs if features is None else {**outputs, "features": features}
 
     def validation_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> dict[str, torch.Tensor]:
         x, y, group = batch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -57,7 +58,72 @@ def create_model(name: str, *, input_shape: tuple[int, ...], num_classes: int, *
             f"Unknown model {name!r} (--model.init_args.model). Registered models: {', '.join(list_models())}; "
             "or give the import path of your own network (mypkg.MyNet)."
         )
-    return factory(input_shape=tuple(input_shape), num_classes=num_classes, **kwargs)
+    return _build(name, factory, tuple(input_shape), num_classes, kwargs)
+
+
+def _build(
+    name: str, factory: Callable[..., nn.Module], input_shape: tuple[int, ...], num_classes: int, kwargs: dict
+) -> nn.Module:
+    """Calls ``factory`` as fedlight's models are called (``input_shape``, ``num_classes``, ``model_kwargs``) when
+    it takes ``input_shape``, else as torchvision's and timm's constructors are (``num_classes``, ``model_kwargs``);
+    a timm network is wrapped so that its features are the classifier's input (:class:`TimmNetwork`)."""
+    try:
+        parameters = dict(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature: try our convention
+        parameters = {"input_shape": None}
+    ours = "input_shape" in parameters
+    arguments = {"input_shape": input_shape, "num_classes": num_classes} if ours else {"num_classes": num_classes}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values() if p is not None)
+    if not ours and "num_classes" not in parameters and not takes_any:
+        raise ConfigError(_contract(name, f"its parameters are ({', '.join(parameters)})"))
+    try:
+        net = factory(**arguments, **kwargs)
+    except TypeError as err:
+        raise ConfigError(_contract(name, f"calling it raised TypeError: {err}")) from None
+    if not isinstance(net, nn.Module):
+        raise ConfigError(_contract(name, f"it returned a {type(net).__name__}, not a torch.nn.Module"))
+    if not ours and _is_timm(net):
+        net = TimmNetwork(net)
+    return net
+
+
+def _contract(name: str, problem: str) -> str:
+    return (
+        f"--model.init_args.model={name} cannot build the network: {problem}. fedlight calls it as "
+        f"{name}(input_shape=..., num_classes=..., **model_kwargs), or, when it has no input_shape parameter, as "
+        f"torchvision's and timm's constructors take it, {name}(num_classes=..., **model_kwargs); other settings "
+        "go in --model.init_args.model_kwargs."
+    )
+
+
+def _is_timm(net: nn.Module) -> bool:
+    """A timm classifier: ``forward_features`` gives the unpooled map and ``forward_head`` pools it."""
+    head = getattr(net, "forward_head", None)
+    return (
+        callable(head)
+        and "pre_logits" in inspect.signature(head).parameters
+        and callable(getattr(net, "get_classifier", None))
+    )
+
+
+class TimmNetwork(nn.Module):
+    """A timm classifier with fedlight's interface: ``forward_features`` is the pooled input of the last linear
+    layer (``[B, D]``, timm's "pre-logits"), which prototypes and feature analyses expect, rather than timm's
+    unpooled ``[B, D, h, w]`` map; ``forward_head`` is that last layer."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+        self.num_features = net.num_features
+
+    def forward_features(self, x):
+        return self.net.forward_head(self.net.forward_features(x), pre_logits=True)  # [B, D]
+
+    def forward_head(self, features):
+        return self.net.get_classifier()(features)  # [B, num_classes]
+
+    def forward(self, x):
+        return self.net(x)
 
 
 def _import(path: str) -> Callable[..., nn.Module]:

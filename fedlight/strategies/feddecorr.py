@@ -69,6 +69,16 @@ class FedDecorr(FedAvg):
         super().__init__(tolerate_stragglers=tolerate_stragglers, sampling=sampling)
         self.beta = beta
 
+    def check(self, module: LightningModule, datamodule: Any) -> list[str]:
+        net = getattr(module, "net", None)
+        if net is not None and not hasattr(net, "forward_features"):
+            return [
+                f"FedDecorr penalises correlations between the features the classifier reads, but the network of "
+                f"--model ({type(net).__name__}) has only forward. Give it forward_features and forward_head (see "
+                "'Your own network' in the README), or choose another rule."
+            ]
+        return []
+
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         if "features" not in outputs:
             raise ConfigError(
