@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -99,6 +101,31 @@ def wandb_logger(
     if config is not None:
         logger.log_hyperparams(config)
     return logger
+
+
+def wandb_login_problems(loggers: list[str], mode: WandbMode | None) -> list[str]:
+    """``[problem]`` when the run would log to W&B online without credentials, which W&B reports only after the
+    run folder exists, in a long traceback; checked when the trainer is built. Reads the credentials as W&B does
+    (``WANDB_API_KEY``, its settings file, ``~/.netrc``) without asking the server."""
+    if "wandb" not in loggers or resolve_wandb_mode(mode) != "online":
+        return []
+    # W&B keeps its settings and credentials per process once it has started, so the question is asked of a new
+    # process that sees only this environment (~0.6 s, for online runs only).
+    ask = (
+        "import inspect, sys, wandb\n"
+        "quiet = {'prompt': False} if 'prompt' in inspect.signature(wandb.login).parameters else {}\n"
+        "sys.exit(0 if wandb.login(verify=False, **quiet) else 1)"
+    )
+    env = {**os.environ, "WANDB_MODE": "online", "WANDB_SILENT": "true"}
+    asked = subprocess.run([sys.executable, "-c", ask], env=env, capture_output=True, stdin=subprocess.DEVNULL)
+    logged_in = asked.returncode == 0
+    if logged_in:
+        return []
+    return [
+        "--trainer.wandb_mode=online (or WANDB_MODE=online) logs to the W&B server, but no W&B API key is set up "
+        "here. Run `wandb login` or set WANDB_API_KEY; or log offline (--trainer.wandb_mode=offline, the default) "
+        "and upload later with `wandb sync`."
+    ]
 
 
 def resolve_wandb_mode(mode: WandbMode | None) -> WandbMode:

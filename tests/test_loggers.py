@@ -1,6 +1,7 @@
 """W&B conventions of ``fedlight.loggers.wandb_logger``: environment variables, run fields, offline runs."""
 
 import os
+from pathlib import Path
 
 import lightning.pytorch.loggers  # noqa: F401  (imported once for the module: seconds, not what is tested)
 import pytest
@@ -109,3 +110,32 @@ def test_a_second_run_in_one_process_reads_a_changed_entity(tmp_path, monkeypatc
     assert _run_fields(tmp_path / "a")["entity"] == "first_team"
     monkeypatch.setenv("WANDB_ENTITY", "second_team")
     assert _run_fields(tmp_path / "b")["entity"] == "second_team"
+
+
+def test_online_wandb_without_credentials_is_refused_before_a_run_folder_exists(tmp_path, monkeypatch, capsys):
+    from fedlight.cli import main
+
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no W&B settings file
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    config = str(Path(__file__).resolve().parents[1] / "conf/digits/fedavg.yaml")
+    root = tmp_path / "runs"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", config, "--trainer.wandb_mode=online", f"--trainer.default_root_dir={root}"])
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err.strip()
+    assert message.startswith("fedlight: error: --trainer.wandb_mode=online") and "wandb login" in message
+    assert len(message.splitlines()) == 1
+    assert not root.exists()
+
+
+def test_online_wandb_with_a_key_passes_the_check(tmp_path, monkeypatch):
+    from fedlight.loggers import wandb_login_problems
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    monkeypatch.delenv("WANDB_MODE")
+    assert wandb_login_problems(["csv", "wandb"], "online") == []
+    assert wandb_login_problems(["csv"], "online") == []  # W&B not used
