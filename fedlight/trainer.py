@@ -53,7 +53,14 @@ from fedlight.data.datamodule import FederatedDataModule
 from fedlight.distributed import ClientParallelStrategy, assign_clients, missing_launcher
 from fedlight.errors import ConfigError, RunInterrupted
 from fedlight.gather import ClientStates
-from fedlight.loggers import RoundCSV, client_spread, histogram_metrics, scalar_metrics, wandb_logger
+from fedlight.loggers import (
+    RoundCSV,
+    client_spread,
+    histogram_metrics,
+    scalar_metrics,
+    wandb_logger,
+    wandb_login_problems,
+)
 from fedlight.rundir import RunLock, check_root, new_version_dir, remove_temporaries
 from fedlight.state import FlatState, freeze_modes, freeze_parameters
 from fedlight.stopping import StopRequest
@@ -86,6 +93,11 @@ class FederatedTrainer:
         checkpoint_every: write ``checkpoints/last.ckpt`` every this many rounds (and after the last one, and
             when SIGINT or SIGTERM stops the run); the one before stays as ``previous.ckpt``.
         accelerator: Fabric accelerator: ``cpu``, ``cuda``, ``mps`` or ``auto``.
+        threads: torch's intra-op threads in each process. ``auto``: on a CPU, one thread per process (or what
+            ``OMP_NUM_THREADS`` says, when it is set), which on 2–16 cores was never far from the fastest setting
+            and is many times faster than several threads when another job shares the cores
+            (``benchmarks/speed/README.md``); it also gives the same floats on every machine and with any number
+            of processes. On a GPU, ``auto`` keeps torch's default. An integer sets that many threads everywhere.
         devices: processes per node; with more than one, each round's clients are spread over them
             (greedy by size) and aggregated with one all-reduce.
         num_nodes: number of nodes (launch with ``torchrun`` or SLURM as for any Fabric program).
@@ -163,6 +175,7 @@ class FederatedTrainer:
         eval_every: int = 1,
         checkpoint_every: int = 10,
         accelerator: str = "cpu",
+        threads: int | Literal["auto"] = "auto",
         devices: int = 1,
         num_nodes: int = 1,
         start_method: StartMethod = "popen",
@@ -234,9 +247,12 @@ class FederatedTrainer:
                 f"Expected --trainer.gather_budget_mb > 0 (MiB of gathered client states per block), got "
                 f"{gather_budget_mb}; the default 1024 holds 10 states of 26 M parameters in one block."
             )
+        if threads != "auto" and threads < 1:
+            problems.append(f"Expected --trainer.threads ≥ 1 or 'auto', got {threads}.")
         if not rendezvous_timeout > 0:
             problems.append(f"Expected --trainer.rendezvous_timeout > 0 seconds, got {rendezvous_timeout}.")
         problems += missing_launcher(num_nodes, devices)
+        problems += wandb_login_problems([logger] if isinstance(logger, str) else list(logger or []), wandb_mode)
         problems += check_root(Path(default_root_dir), name)
         if problems:
             raise ConfigError(*problems)
@@ -282,6 +298,10 @@ class FederatedTrainer:
             strategy=strategy,
             callbacks=callbacks,
         )
+        #: intra-op threads of each process (None: torch's default)
+        self.num_threads = resolve_threads(threads, self.fabric.device)
+        if self.num_threads is not None:  # the data and the model are built in this process next
+            torch.set_num_threads(self.num_threads)
         self.callbacks = list(callbacks or [])
         self.run_dir: Path | None = None
         self.history: list[dict[str, float]] = []
@@ -610,6 +630,8 @@ class FederatedTrainer:
             )
         if not self._forked:  # forked processes were launched already
             fabric.launch()
+        if self.num_threads is not None:  # after the launcher, which gives each process a share of the cores
+            torch.set_num_threads(self.num_threads)
         datamodule.setup()
         if self.clients_per_round > datamodule.num_clients:
             raise ConfigError(
@@ -1354,6 +1376,22 @@ def _seed_torch(seed: int, device: torch.device) -> None:
     torch.default_generator.manual_seed(seed)
     if device.type != "cpu":
         getattr(torch, device.type).manual_seed(seed)
+
+
+def resolve_threads(threads: int | Literal["auto"], device: torch.device) -> int | None:
+    """The intra-op threads that ``--trainer.threads`` asks of each process, or None for torch's default.
+
+    Read before Lightning's launcher sets ``OMP_NUM_THREADS`` for the processes it starts, so that ``auto``
+    follows only the user's own setting.
+
+    >>> resolve_threads(3, torch.device("cpu")), resolve_threads("auto", torch.device("cuda"))
+    (3, None)
+    """
+    if threads != "auto":
+        return threads
+    if device.type != "cpu":
+        return None
+    return int(os.environ.get("OMP_NUM_THREADS") or 1)
 
 
 def _check_model(

@@ -541,3 +541,33 @@ def test_optimizer_settings_and_frozen_parts_are_checked_before_a_run_folder_exi
     with pytest.raises(ConfigError, match=r"frozen_modules names \['backbone'\], which are not submodules"):
         make_trainer(tmp_path).fit(model, synthetic_data(), FedAvg())
     assert list(tmp_path.iterdir()) == []
+
+
+class ThreadRecorder(ClassificationClient):
+    def training_step(self, batch, batch_idx):
+        self.threads_seen = torch.get_num_threads()
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize(
+    ("threads", "omp", "expected"), [("auto", None, 1), ("auto", "2", 2), (2, None, 2), (1, "2", 1)]
+)
+def test_local_steps_run_with_the_threads_the_setting_asks(tmp_path, monkeypatch, threads, omp, expected):
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)  # neither the default nor what is asked
+    try:
+        torch.manual_seed(0)
+        model = ThreadRecorder(num_classes=10, input_shape=(12,), model="mlp", model_kwargs={"hidden": [16]})
+        make_trainer(tmp_path, rounds=1, threads=threads).fit(model, synthetic_data(), FedAvg())
+        assert model.threads_seen == expected
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_threads_below_one_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"--trainer.threads ≥ 1 or 'auto', got 0"):
+        FederatedTrainer(threads=0, default_root_dir=tmp_path)
