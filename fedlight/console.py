@@ -55,7 +55,11 @@ class RunConsole:
         self._every = 1
 
     def print(self, line: str) -> None:
-        if self.enabled:
+        if not self.enabled:
+            return
+        if self._bar is not None:  # above the open bars, which are drawn again below it
+            tqdm.write(line, file=self.out)
+        else:
             print(line, file=self.out, flush=True)
 
     def start(
@@ -73,7 +77,7 @@ class RunConsole:
         """The start line; opens the rounds bar on a terminal."""
         self._started = time.perf_counter()
         self._every = max(1, math.ceil(rounds / 50))
-        resumed = f", resuming at round {first}" if first else ""
+        resumed = f", resuming at round {first + 1}" if first else ""
         self.print(
             f"fedlight: {name} → {run_dir} | seed {seed} | {strategy}, {per_round} of {clients} clients per round, "
             f"{rounds} rounds{resumed}"
@@ -85,7 +89,7 @@ class RunConsole:
         """The round's clients, behind a nested bar on a terminal."""
         if not self.bars:
             return plans
-        return tqdm(plans, desc=f"round {round_idx}", unit="client", leave=False, dynamic_ncols=True)
+        return tqdm(plans, desc=f"round {round_idx + 1}", unit="client", leave=False, dynamic_ncols=True)
 
     def round_end(self, round_idx: int, rounds: int, metrics: dict[str, float]) -> None:
         """Updates the bar, or prints the round's line when it is due."""

@@ -31,7 +31,7 @@ class RoundCSV:
             self._rewrite()
             return
         with self.path.open("a", newline="") as f:
-            csv.DictWriter(f, self.columns).writerow(row)
+            csv.DictWriter(f, self.columns).writerow(_csv_row(row))
 
     def _rewrite(self) -> None:
         columns = ["round"]
@@ -42,8 +42,13 @@ class RoundCSV:
         with tmp.open("w", newline="") as f:
             writer = csv.DictWriter(f, columns)
             writer.writeheader()
-            writer.writerows(self.history)
+            writer.writerows(map(_csv_row, self.history))
         os.replace(tmp, self.path)
+
+
+def _csv_row(row: dict[str, float]) -> dict[str, float | int]:
+    """A history row as ``metrics.csv`` shows it: the round as the integer it is."""
+    return {**row, "round": int(row["round"])} if "round" in row else row
 
 
 WandbMode = Literal["offline", "online", "disabled"]

@@ -92,7 +92,8 @@ class FederatedTrainer:
         eval_every: evaluate the global model every this many rounds (and after the last one).
         checkpoint_every: write ``checkpoints/last.ckpt`` every this many rounds (and after the last one, and
             when SIGINT or SIGTERM stops the run); the one before stays as ``previous.ckpt``.
-        accelerator: Fabric accelerator: ``cpu``, ``cuda``, ``mps`` or ``auto``.
+        accelerator: Fabric accelerator: ``auto`` (as in Lightning: a GPU when one is visible, else the CPU),
+            ``cpu``, ``cuda`` or ``mps``.
         threads: torch's intra-op threads in each process. ``auto``: on a CPU, one thread per process (or what
             ``OMP_NUM_THREADS`` says, when it is set), which on 2–16 cores was never far from the fastest setting
             and is many times faster than several threads when another job shares the cores
@@ -174,7 +175,7 @@ class FederatedTrainer:
         straggler_fraction: float = 0.0,
         eval_every: int = 1,
         checkpoint_every: int = 10,
-        accelerator: str = "cpu",
+        accelerator: str = "auto",
         threads: int | Literal["auto"] = "auto",
         devices: int = 1,
         num_nodes: int = 1,
@@ -429,7 +430,7 @@ class FederatedTrainer:
                     self.save_checkpoint(last_ckpt)
                 raise self._callback_failure(failure, metrics, self.round - first)
             try:
-                metrics = {"round": float(round_idx), **self._run_round(round_idx)}
+                metrics = {"round": float(round_idx + 1), **self._run_round(round_idx)}  # counted from 1
             except _RoundAbandoned:
                 return self._abandon(round_idx, start_state, metrics, first)
             last = round_idx == self.rounds - 1
@@ -777,7 +778,7 @@ class FederatedTrainer:
         aggregated = [u for u in updates if u.finite]
         if not aggregated:
             warnings.warn(
-                f"No client state was aggregated in round {round_idx}; the global model stays as it was.",
+                f"No client state was aggregated in round {round_idx + 1}; the global model stays as it was.",
                 stacklevel=1,
             )
         elif self.strategy.gather_states:
@@ -815,7 +816,7 @@ class FederatedTrainer:
             else "no checkpoint was written yet: start again"
         )
         return ConfigError(
-            f"The global model became non-finite (NaN/Inf) in round {round_idx}, after "
+            f"The global model became non-finite (NaN/Inf) in round {round_idx + 1}, after "
             f"{type(self.strategy).__name__}'s aggregation; the run stopped and {kept} with a lower learning "
             "rate (--model.init_args.optimizer) or a lower --trainer.max_update_ratio."
         )
@@ -852,7 +853,7 @@ class FederatedTrainer:
                 continue
             if not update.finite:
                 warnings.warn(
-                    f"Client {update.client} returned a state with NaN/Inf in round {round_idx}; it is left out "
+                    f"Client {update.client} returned a state with NaN/Inf in round {round_idx + 1}; it is left out "
                     "of the aggregate. Lower the learning rate if this repeats.",
                     stacklevel=1,
                 )
@@ -913,7 +914,7 @@ class FederatedTrainer:
             folder = self.run_dir / "client_errors"
             folder.mkdir(parents=True, exist_ok=True)
             text = "".join(traceback.format_exception(err))
-            (folder / f"round{round_idx}_client{plan.client}.txt").write_text(text)
+            (folder / f"round{round_idx + 1}_client{plan.client}.txt").write_text(text)
         update = ClientUpdate(plan.client, int(self.datamodule.num_samples[plan.client]), plan.epochs, 0, math.nan)
         update.finite = False
         update.payload["error"] = f"{type(err).__name__}: {err}".splitlines()[0]
@@ -937,7 +938,7 @@ class FederatedTrainer:
                 else ""
             )
             raise ConfigError(
-                f"Every one of the {total} clients of round {round_idx} failed its local fit{where}. "
+                f"Every one of the {total} clients of round {round_idx + 1} failed its local fit{where}. "
                 f"Nothing is left to aggregate, so the run stopped.{kept} Pass --trainer.fail_fast=true to stop at "
                 "the first failure with its traceback."
             )
@@ -953,7 +954,9 @@ class FederatedTrainer:
                 self._batching = BatchedLocalFit(self.module, self.layout, self.precision, self.compile_batched)
             else:
                 self._batching = blocker
-                log.info("--trainer.client_batching: clients train one after another, because %s.", blocker)
+                self.console.print(
+                    f"fedlight: --trainer.client_batching: clients train one after another, because {blocker}."
+                )
         if isinstance(self._batching, str):
             return None
         if self.client_batching == "auto":  # parameters, gradients and up to two optimizer states, fp32
@@ -997,7 +1000,7 @@ class FederatedTrainer:
         update.finite = False
         update.payload["update_norm"] = norm
         warnings.warn(
-            f"Client {update.client}'s update in round {round_idx} has norm {norm:.3g}, more than "
+            f"Client {update.client}'s update in round {round_idx + 1} has norm {norm:.3g}, more than "
             f"--trainer.max_update_ratio={self.max_update_ratio:g} × (‖W^t‖ + 1) = {bound:.3g}; it is left out of "
             "the aggregate. Lower the learning rate, or raise --trainer.max_update_ratio if such steps are expected.",
             stacklevel=1,
@@ -1041,7 +1044,7 @@ class FederatedTrainer:
         more = f" and {len(failed) - 3} more" if len(failed) > 3 else ""
         where = "" if self.run_dir is None else f"; tracebacks in {self.run_dir / 'client_errors'}"
         warnings.warn(
-            f"{len(failed)} of {trained} clients failed their local fit in round {round_idx} and are left out of "
+            f"{len(failed)} of {trained} clients failed their local fit in round {round_idx + 1} and are left out of "
             f"the aggregate: {listed}{more}{where}. Pass --trainer.fail_fast=true to stop at the first failure.",
             stacklevel=1,
         )

@@ -1,7 +1,5 @@
 """A round's clients trained as one vectorised model give the sequential run's clients, plans and model."""
 
-import logging
-
 import pytest
 import torch
 
@@ -122,14 +120,15 @@ def test_batched_cnn_rounds_equal_the_sequential_ones():
     torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)
 
 
-def test_rounds_that_cannot_be_vectorised_run_sequentially_and_say_why(caplog):
+def test_rounds_that_cannot_be_vectorised_run_sequentially_and_say_why_once_on_the_console(capsys):
     torch.manual_seed(0)
     model = ClassificationClient(**MLP)
-    trainer = FederatedTrainer(rounds=1, clients_per_round=3, local_epochs=1, logger=None, enable_progress_bar=False)
-    trainer.client_batching = "auto"
-    with caplog.at_level(logging.INFO, logger="fedlight.trainer"):
-        trainer.fit(model, images(), FedProx(mu=0.1))
-    assert "FedProx overrides on_client_fit_start" in caplog.text
+    trainer = FederatedTrainer(
+        rounds=2, clients_per_round=3, local_epochs=1, logger=None, enable_progress_bar=False, client_batching="auto"
+    )
+    trainer.fit(model, images(), FedProx(mu=0.1))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "clients train one after another" in line]
+    assert len(lines) == 1 and "FedProx overrides on_client_fit_start" in lines[0]
     assert trainer._batching.startswith("FedProx")
 
 

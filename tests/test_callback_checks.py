@@ -143,7 +143,7 @@ def test_a_callback_failing_in_round_two_leaves_that_round_checkpointed(tmp_path
     last = trainer.run_dir / "checkpoints" / ckpt_io.LAST
     state = ckpt_io.load(last)
     assert state["round"] == 2  # checkpoint_every=10 would have saved nothing before round 4
-    assert [row["round"] for row in state["history"]] == [0.0, 1.0]  # the failed round is logged, too
+    assert [row["round"] for row in state["history"]] == [1.0, 2.0]  # the failed round is logged, too
     message = str(err.value)
     assert message.startswith("FailsInRound.on_round_end failed with RuntimeError: the analysis broke")
     assert f"--ckpt_path {last.absolute()}" in message and "2 round(s)" in message

@@ -123,13 +123,13 @@ def test_resuming_an_older_copy_never_rewinds_the_run_unless_asked(tmp_path):
     assert f"its run folder {run.run_dir} has already reached round 6" in str(err.value)
     assert "--trainer.rewind=true" in str(err.value)
     assert ckpt_io.load(run.run_dir / "checkpoints" / "last.ckpt")["round"] == 6
-    assert metric_rounds(run.run_dir) == [f"{r}.0" for r in range(6)]
+    assert metric_rounds(run.run_dir) == [str(r) for r in range(1, 7)]
 
     rewound = make_trainer(tmp_path, rounds=5, rewind=True)
     rewound.fit(make_model(), make_data(), FedAvg(), ckpt_path=backup)
     assert rewound.run_dir == run.run_dir  # the run the checkpoint belongs to, not the backup's parent
     assert not (run.run_dir / "backup" / "metrics.csv").exists()
-    assert metric_rounds(run.run_dir) == [f"{r}.0" for r in range(5)]
+    assert metric_rounds(run.run_dir) == [str(r) for r in range(1, 6)]
 
 
 def test_a_moved_run_folder_resumes_where_it_now_is_and_a_loose_copy_in_a_new_one(tmp_path):
@@ -139,14 +139,14 @@ def test_a_moved_run_folder_resumes_where_it_now_is_and_a_loose_copy_in_a_new_on
     shutil.move(run.run_dir, moved)
     resumed = make_trainer(tmp_path / "old", rounds=3)
     resumed.fit(make_model(), make_data(), FedAvg(), ckpt_path=moved / "checkpoints" / "last.ckpt")
-    assert resumed.run_dir == moved.resolve() and metric_rounds(moved) == ["0.0", "1.0", "2.0"]
+    assert resumed.run_dir == moved.resolve() and metric_rounds(moved) == ["1", "2", "3"]
 
     loose = tmp_path / "loose.ckpt"
     shutil.copy(moved / "checkpoints" / "previous.ckpt", loose)  # round 2
     shutil.rmtree(moved)
     again = make_trainer(tmp_path / "new", rounds=3)
     again.fit(make_model(), make_data(), FedAvg(), ckpt_path=loose)
-    assert again.run_dir == tmp_path / "new" / "run" / "version_0" and metric_rounds(again.run_dir)[-1] == "2.0"
+    assert again.run_dir == tmp_path / "new" / "run" / "version_0" and metric_rounds(again.run_dir)[-1] == "3"
 
 
 def test_leftovers_of_a_killed_write_are_removed_on_resume(tmp_path):

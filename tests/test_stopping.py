@@ -122,7 +122,7 @@ def test_the_command_prints_the_exact_resume_command_and_it_resumes(tmp_path, ca
     at = resume.index(str(extra))
     main(resume[: at - 1] + resume[at + 1 :])  # without the signal, which would come again in round 1
     assert ckpt_io.load(checkpoint)["round"] == 3
-    assert [row["round"] for row in read_metrics(checkpoint.parent.parent)] == ["0.0", "1.0", "2.0"]
+    assert [row["round"] for row in read_metrics(checkpoint.parent.parent)] == ["1", "2", "3"]
 
 
 def _train_until_stopped(root, stderr_path):

@@ -104,7 +104,7 @@ def test_resume_with_more_rounds_continues_the_run(tmp_path):
     longer.fit(make_model(), synthetic_data(), FedAvg(), ckpt_path=short.run_dir / "checkpoints" / "last.ckpt")
     reference = make_trainer(tmp_path / "ref", rounds=4)
     reference.fit(make_model(), synthetic_data(), FedAvg())
-    assert [r["round"] for r in read_metrics(longer.run_dir)] == ["0.0", "1.0", "2.0", "3.0"]
+    assert [r["round"] for r in read_metrics(longer.run_dir)] == ["1", "2", "3", "4"]
     torch.testing.assert_close(longer.global_state, reference.global_state, rtol=0, atol=0)
 
 
@@ -236,7 +236,7 @@ def test_metrics_csv_has_one_row_per_round_with_the_documented_columns(tmp_path)
     trainer = make_trainer(tmp_path, rounds=3, eval_every=2)
     trainer.fit(make_model(), synthetic_data(), FedAvg())
     rows = read_metrics(trainer.run_dir)
-    assert [r["round"] for r in rows] == ["0.0", "1.0", "2.0"]
+    assert [r["round"] for r in rows] == ["1", "2", "3"]
     for key in ["train/loss", "round/clients_aggregated", "round/clients_dropped", "round/clients_nonfinite"]:
         assert all(r[key] != "" for r in rows)
     # evaluated at round 1 (every 2) and at the last round only
@@ -494,7 +494,7 @@ def scalar_run(tmp_path, lr, rounds=1, **kwargs):
 
 
 def test_a_huge_but_finite_update_is_left_out_and_counted(tmp_path):
-    with pytest.warns(UserWarning, match=r"Client 0's update in round 0 has norm 2e\+06, more than .* = 1e\+03"):
+    with pytest.warns(UserWarning, match=r"Client 0's update in round 1 has norm 2e\+06, more than .* = 1e\+03"):
         trainer, metrics = scalar_run(tmp_path, lr=1e6)
     assert trainer.global_state.item() == 0.0  # neither 2e6 nor 3e6 entered W^1
     assert (metrics["round/clients_outsized"], metrics["round/clients_nonfinite"]) == (2.0, 0.0)
@@ -522,11 +522,11 @@ def test_a_non_finite_global_model_stops_the_run_and_keeps_the_last_good_checkpo
     with pytest.raises(ConfigError) as err:
         trainer.fit(make_model(), synthetic_data(), NaNAtRound(2))
     last = trainer.run_dir / "checkpoints" / "last.ckpt"
-    assert "non-finite (NaN/Inf) in round 2, after NaNAtRound's aggregation" in str(err.value)
+    assert "non-finite (NaN/Inf) in round 3, after NaNAtRound's aggregation" in str(err.value)
     assert f"the last good checkpoint, {last} (round 2), is intact" in str(err.value)
     saved = ckpt_io.load(last)
     assert saved["round"] == 2 and all(torch.isfinite(t).all() for t in saved["global_state"].values())
-    assert [r["round"] for r in read_metrics(trainer.run_dir)] == ["0.0", "1.0"]
+    assert [r["round"] for r in read_metrics(trainer.run_dir)] == ["1", "2"]
 
 
 def test_optimizer_settings_and_frozen_parts_are_checked_before_a_run_folder_exists(tmp_path):
@@ -571,3 +571,12 @@ def test_local_steps_run_with_the_threads_the_setting_asks(tmp_path, monkeypatch
 def test_threads_below_one_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"--trainer.threads ≥ 1 or 'auto', got 0"):
         FederatedTrainer(threads=0, default_root_dir=tmp_path)
+
+
+def test_the_accelerator_defaults_to_lightnings_choice():
+    import inspect
+
+    from lightning.fabric import Fabric
+
+    ours = inspect.signature(FederatedTrainer).parameters["accelerator"].default
+    assert ours == inspect.signature(Fabric).parameters["accelerator"].default == "auto"

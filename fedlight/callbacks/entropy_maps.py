@@ -99,7 +99,7 @@ class EntropyMaps(RoundCallback):
         path.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(path, dpi=100)
         self.last_path = path
-        context.log_images({"analysis/entropy_maps": [str(path)]}, step=round_idx)
+        context.log_images({"analysis/entropy_maps": [str(path)]}, step=round_idx + 1)
 
 
 def _spread_test_images(context: RunContext, count: int) -> tuple[Tensor, Tensor]:

@@ -155,13 +155,13 @@ class FeatureDiscrepancy(RoundCallback):
         measured = torch.tensor([float(defined) for _, defined in results], dtype=torch.float64)
         if not measured.any():
             warnings.warn(
-                f"No client sampled in round {round_idx} has 2 held-out samples; analysis/mmd is not logged.",
+                f"No client sampled in round {round_idx + 1} has 2 held-out samples; analysis/mmd is not logged.",
                 stacklevel=1,
             )
             return
         if not measured.all():
             warnings.warn(
-                f"{int((measured == 0).sum())} client(s) sampled in round {round_idx} have fewer than 2 held-out "
+                f"{int((measured == 0).sum())} client(s) sampled in round {round_idx + 1} have fewer than 2 held-out "
                 "samples; analysis/mmd averages over the others.",
                 stacklevel=1,
             )

@@ -72,7 +72,7 @@ class FeatureTSNE(RoundCallback):
         np.savez(context.run_dir / "tsne.npz", embedding=embedding, labels=labels)
         path = context.run_dir / "tsne.png"
         tsne_figure(embedding, labels, context.datamodule.num_classes, context.name).savefig(path, dpi=110)
-        context.log_images({"analysis/tsne": [str(path)]}, step=context.rounds - 1)
+        context.log_images({"analysis/tsne": [str(path)]}, step=context.rounds)
 
     @torch.no_grad()
     def _features(self, context: RunContext) -> tuple[np.ndarray, np.ndarray]:
