@@ -241,7 +241,9 @@ def run(args: list[str] | None = None) -> dict[str, float]:
     name = cfg.subcommand
     sub_cfg: Namespace = cfg[name]
     if sub_cfg.ckpt_path == "last":
-        sub_cfg.ckpt_path = str(_last_checkpoint(Path(sub_cfg.trainer.default_root_dir) / sub_cfg.trainer.name))
+        run_root = Path(sub_cfg.trainer.default_root_dir) / sub_cfg.trainer.name
+        versions = sorted(run_root.glob("version_*"))
+        sub_cfg.ckpt_path = str(last_checkpoint(versions, name, sub_cfg.trainer.rounds, where=str(run_root)))
     if not 0 <= sub_cfg.seed_everything <= MAX_SEED:
         raise ConfigError(
             f"Expected --seed_everything in [0, {MAX_SEED}] (numpy's seed range), got {sub_cfg.seed_everything}."
@@ -269,15 +271,20 @@ def _flag_value(args: list[str], flag: str) -> str | None:
 
 
 def _with_checkpoint_config(args: list[str], folder: Path) -> list[str]:
-    """``validate``/``test`` with ``--ckpt_path`` and no ``--config``: the checkpoint's own configuration is
-    stacked first, so later flags change only what they name (the data, the evaluation, the devices)."""
-    if not args or args[0] not in ("validate", "test"):
+    """A subcommand with ``--ckpt_path`` and no ``--config``: the checkpoint's own configuration is stacked first,
+    so later flags change only what they name (more rounds, other data to evaluate, other devices). ``last``
+    without ``--config`` is the newest run under ``--trainer.default_root_dir`` (``runs``), whatever its name."""
+    if not args or args[0] not in SUBCOMMANDS:
         return args
     if any(arg in ("-c", "--config") or arg.startswith(("--config=", "-c=")) for arg in args[1:]):
         return args
     path = _flag_value(args, "--ckpt_path")
-    if path is None or path == "last":
+    if path is None:
         return args
+    if path == "last":
+        root = Path(_flag_value(args, "--trainer.default_root_dir") or "runs")
+        path = str(last_checkpoint(sorted(root.glob("*/version_*")), args[0], rounds=None, where=f"{root}/*"))
+        args = [*_without_flag(args, "--ckpt_path"), "--ckpt_path", path]
     config = ckpt_io.load(path).get("config")
     if config is None:
         raise ConfigError(
@@ -288,16 +295,62 @@ def _with_checkpoint_config(args: list[str], folder: Path) -> list[str]:
     return [args[0], "--config", str(stored), *args[1:]]
 
 
-def _last_checkpoint(run_root: Path) -> Path:
-    """``--ckpt_path last``: ``checkpoints/last.ckpt`` of the newest ``version_<n>`` under ``run_root``."""
-    versions = [p for p in run_root.glob("version_*") if p.name.split("_")[1].isdigit()]
-    for version in sorted(versions, key=lambda p: int(p.name.split("_")[1]), reverse=True):
-        if (version / "checkpoints" / "last.ckpt").is_file():
-            return version / "checkpoints" / "last.ckpt"
-    raise ConfigError(
-        f"--ckpt_path last found no checkpoints/last.ckpt under {run_root}/version_*. Pass the checkpoint's path, "
-        "or the --config (and --trainer.name / --trainer.default_root_dir) of the run that wrote it."
+def _without_flag(args: list[str], flag: str) -> list[str]:
+    """``args`` without ``flag``, given as ``flag value`` or ``flag=value``."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(f"{flag}="):
+            out.append(arg)
+    return out
+
+
+def last_checkpoint(versions: list[Path], subcommand: str, rounds: int | None, where: str) -> Path:
+    """``--ckpt_path last``: among the run folders ``versions``, newest first, ``fit`` takes the newest run that has
+    not finished its rounds (one to resume), ``validate`` and ``test`` the newest that has (else the newest of
+    all, said on the console). A run has finished when its checkpoint holds ``rounds`` rounds (the command's
+    ``--trainer.rounds``), or, when ``rounds`` is None, the rounds of its own configuration. Newest means the
+    highest ``version_<n>`` within one name and the most recently written checkpoint across names."""
+
+    def newest_first(folder: Path) -> tuple[float, int]:
+        number = folder.name.split("_")[1]
+        return (folder / "checkpoints" / ckpt_io.LAST).stat().st_mtime, int(number) if number.isdigit() else -1
+
+    found = [v for v in versions if (v / "checkpoints" / ckpt_io.LAST).is_file() and v.name.split("_")[1].isdigit()]
+    if len({v.parent for v in found}) == 1:
+        found.sort(key=lambda v: int(v.name.split("_")[1]), reverse=True)
+    else:
+        found.sort(key=newest_first, reverse=True)
+    states = []
+    for version in found:
+        path = version / "checkpoints" / ckpt_io.LAST
+        state = ckpt_io.load(path)
+        target = rounds if rounds is not None else ((state.get("config") or {}).get("trainer") or {}).get("rounds")
+        done = int(state["round"])
+        states.append((path, done, target))
+        if (subcommand == "fit") == (target is not None and done < target):
+            print(f"fedlight: --ckpt_path last is {path} (round {done} of {target})", file=sys.stderr)
+            return path
+    if not states:
+        raise ConfigError(
+            f"--ckpt_path last found no checkpoints/last.ckpt under {where}/version_*. Pass the checkpoint's path, "
+            "or the --config (and --trainer.name / --trainer.default_root_dir) of the run that wrote it."
+        )
+    path, done, target = states[0]
+    if subcommand == "fit":
+        raise ConfigError(
+            f"--ckpt_path last found no unfinished run under {where}/version_*: the newest, {path}, holds all "
+            f"{done} of its rounds. Raise --trainer.rounds to continue it, or pass the checkpoint's path."
+        )
+    print(
+        f"fedlight: --ckpt_path last is {path} (round {done} of {target}): no run under {where} has finished "
+        "its rounds, so the newest is scored.",
+        file=sys.stderr,
     )
+    return path
 
 
 def check_config_files(args: list[str]) -> None:
@@ -339,14 +392,7 @@ def resume_command(args: list[str], checkpoint: Path) -> str:
     >>> resume_command(["fit", "--config", "a.yaml", "--ckpt_path=old.ckpt"], Path("/runs/v0/checkpoints/last.ckpt"))
     'fedlight fit --config a.yaml --ckpt_path /runs/v0/checkpoints/last.ckpt'
     """
-    kept, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg == "--ckpt_path":
-            skip = True
-        elif not arg.startswith("--ckpt_path="):
-            kept.append(arg)
+    kept = _without_flag(args, "--ckpt_path")
     return shlex.join(["fedlight", *kept, "--ckpt_path", str(checkpoint)])
 
 

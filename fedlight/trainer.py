@@ -322,6 +322,7 @@ class FederatedTrainer:
         self._lock: RunLock | None = None
         self._interrupted: RunInterrupted | None = None
         self._stop: StopRequest | None = None  # the run's stop request, looked at between clients
+        self._planned_rounds: int | None = None  # trainer.rounds of the checkpoint that was loaded, if it says
         self._saved_round: int | None = None  # the round that checkpoints/last.ckpt holds, once this run wrote it
         #: digests of the partition and the samples (``checkpoint.data_fingerprint``), checked on resume
         self.data_fingerprint: dict[str, str] | None = None
@@ -513,6 +514,14 @@ class FederatedTrainer:
     def _evaluate_only(self, model, datamodule, strategy, ckpt_path, config, clients: bool) -> dict[str, float]:
         self._setup(model, datamodule, strategy, ckpt_path, config, logging=False, evaluating=True)
         self._setup_clusters()
+        if self.fabric.global_rank == 0:
+            what = "the clients' held-out splits" if clients else "the global test set"
+            if ckpt_path is None:
+                scored = "the model as built (no --ckpt_path: no round trained)"
+            else:
+                of = "" if self._planned_rounds is None else f" of {self._planned_rounds}"
+                scored = f"{ckpt_path}, the global model of round {self.round}{of}"
+            print(f"fedlight: scoring {scored} on {what}")
         return self._report(scalar_metrics(self._evaluate(clients=clients, test=not clients)))
 
     def _stop_requested(self, stop: StopRequest) -> bool:
@@ -670,6 +679,7 @@ class FederatedTrainer:
         if ckpt_path is not None:
             state = ckpt_io.load(ckpt_path)
             self._restore(state, evaluating)
+            self._planned_rounds = ((state.get("config") or {}).get("trainer") or {}).get("rounds")
         run_dir = None
         if fabric.global_rank == 0:
             if logging:

@@ -13,6 +13,7 @@ import yaml
 
 from fedlight import checkpoint as ckpt_io
 from fedlight.cli import build_parser, main, run
+from fedlight.errors import ConfigError
 from fedlight.models import list_models
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,6 +129,38 @@ def test_fit_then_validate_and_test_a_checkpoint(tmp_path, capsys):
         correct += int((module.eval()(x).argmax(1) == y).sum())
         total += len(y)
     assert correct / total == pytest.approx(validated["clients/acc"])  # the same model, outside fedlight
+
+
+def test_last_means_the_newest_finished_run_and_evaluation_says_what_it_scored(tmp_path, capsys):
+    root = f"--trainer.default_root_dir={tmp_path}"
+    fit = ["fit", "--config", SYNTHETIC, root, "--trainer.logger=csv", *QUICK]
+    run([*fit, "--trainer.rounds=2"])  # version_0: the finished run of this command
+    run([*fit, "--trainer.rounds=1"])  # version_1: a newer, shorter probe under the same name
+    capsys.readouterr()
+    finished = tmp_path / "fedavg_delta0" / "version_0" / "checkpoints" / "last.ckpt"
+    run(["test", "--config", SYNTHETIC, root, "--trainer.rounds=2", "--ckpt_path", "last", *QUICK])
+    captured = capsys.readouterr()
+    assert f"--ckpt_path last is {finished} (round 2 of 2)" in captured.err
+    assert f"fedlight: scoring {finished}, the global model of round 2 of 2 on the global test set" in captured.out
+    # without --config: the newest checkpoint under the root that finished its own rounds, the probe
+    run(["validate", "--ckpt_path", "last", root])
+    probe = tmp_path / "fedavg_delta0" / "version_1" / "checkpoints" / "last.ckpt"
+    scored = f"scoring {probe}, the global model of round 1 of 1 on the clients' held-out splits"
+    assert scored in capsys.readouterr().out
+    # fit --ckpt_path last resumes an unfinished run: none is, until more rounds are asked for
+    with pytest.raises(ConfigError, match="found no unfinished run"):
+        run(["fit", "--ckpt_path", "last", root])
+    run(["fit", "--config", SYNTHETIC, root, "--trainer.rounds=3", "--ckpt_path", "last", *QUICK])
+    assert (ckpt_io.load(probe)["round"], ckpt_io.load(finished)["round"]) == (3, 2)  # the newest one went on
+
+
+def test_fit_resumes_from_the_checkpoint_alone(tmp_path):
+    args = ["--config", SYNTHETIC, f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=csv", *QUICK]
+    run(["fit", *args, "--trainer.rounds=1"])
+    ckpt = tmp_path / "fedavg_delta0" / "version_0" / "checkpoints" / "last.ckpt"
+    resumed = run(["fit", "--ckpt_path", str(ckpt), "--trainer.rounds=2"])  # its stored config, two rounds now
+    straight = run(["fit", *args, "--trainer.rounds=2", "--trainer.name=straight"])
+    assert ckpt_io.load(ckpt)["round"] == 2 and resumed["train/loss"] == straight["train/loss"]
 
 
 def test_last_without_a_run_names_where_it_looked(tmp_path, capsys):
