@@ -67,7 +67,8 @@ def wandb_logger(
     tags: list[str] | None = None,
     notes: str | None = None,
 ):
-    """A Lightning ``WandbLogger`` writing under ``run_dir``, continuing run ``run_id`` if it exists.
+    """A Lightning ``WandbLogger`` writing under ``run_dir``, continuing run ``run_id`` if it exists; the W&B run
+    starts when the first round is logged.
 
     W&B's environment variables apply as in any W&B program: ``WANDB_MODE=disabled`` turns W&B off
     whatever the config says, and ``WANDB_MODE``, ``WANDB_PROJECT`` and ``WANDB_ENTITY`` fill in what
@@ -98,13 +99,14 @@ def wandb_logger(
         group=group,
         tags=tags,
         notes=notes,
+        # Handed to wandb.init, which the logger calls at the first logged round rather than now: a run that is
+        # killed before its first round ends, or a resume that has no round left, writes no empty W&B part.
+        config=config,
     )
     # Lightning hands wandb.init `anonymous=None` whatever it is given, and W&B (≥ 0.19) warns "The anonymous
     # setting has no effect" for any value, None included, on every run. The setting does nothing, so it is
     # left out of the arguments instead of being passed on.
     logger._wandb_init.pop("anonymous", None)
-    if config is not None:
-        logger.log_hyperparams(config)
     return logger
 
 

@@ -381,6 +381,13 @@ class FederatedTrainer:
     def _fit(self, model, datamodule, strategy, ckpt_path, config) -> dict[str, float]:
         try:
             self._setup(model, datamodule, strategy, ckpt_path, config)
+            if self.round == self.rounds:
+                if self.fabric.global_rank == 0:
+                    print(
+                        f"fedlight: {ckpt_path} holds all {self.rounds} rounds; nothing to resume. Raise "
+                        "--trainer.rounds to continue the run."
+                    )
+                return dict(self.history[-1]) if self.history else {}
             with StopRequest(announce=self.fabric.global_rank == 0) as stop:
                 return self._rounds(stop)
         except OSError as err:
@@ -680,6 +687,15 @@ class FederatedTrainer:
             state = ckpt_io.load(ckpt_path)
             self._restore(state, evaluating)
             self._planned_rounds = ((state.get("config") or {}).get("trainer") or {}).get("rounds")
+            if logging and self.round > self.rounds:
+                raise ConfigError(
+                    f"--ckpt_path {ckpt_path} holds {self.round} rounds, more than --trainer.rounds={self.rounds}: "
+                    f"there is nothing to resume. Pass --trainer.rounds above {self.round} to continue the run, or "
+                    "score it with fedlight validate / test."
+                )
+            if logging and self.round == self.rounds:  # finished: its folder and loggers are left as they are
+                self.run_dir = None
+                return
         run_dir = None
         if fabric.global_rank == 0:
             if logging:

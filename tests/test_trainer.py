@@ -267,6 +267,33 @@ def test_wandb_logs_offline_and_a_resumed_run_keeps_its_id(tmp_path, monkeypatch
     assert run_ids() == [[f"run-{run_id}.wandb"]] * 2
 
 
+def test_resuming_a_finished_run_runs_nothing_and_touches_none_of_its_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    first = make_trainer(tmp_path, rounds=2, logger=["csv", "wandb"])
+    first.fit(make_model(), synthetic_data(), FedAvg())
+    files = {p: p.stat().st_mtime_ns for p in first.run_dir.rglob("*") if p.is_file()}
+    parts = sorted((first.run_dir / "wandb").glob("offline-run-*"))
+    last = first.run_dir / "checkpoints" / "last.ckpt"
+
+    again = make_trainer(tmp_path, rounds=2, logger=["csv", "wandb"])
+    metrics = again.fit(make_model(), synthetic_data(), FedAvg(), ckpt_path=last)
+    assert metrics == first.history[-1]
+    assert f"{last} holds all 2 rounds; nothing to resume" in capsys.readouterr().out
+    assert sorted((first.run_dir / "wandb").glob("offline-run-*")) == parts  # no empty W&B part
+    assert {p: p.stat().st_mtime_ns for p in first.run_dir.rglob("*") if p.is_file()} == files
+
+    with pytest.raises(ConfigError, match=r"holds 2 rounds, more than --trainer.rounds=1: there is nothing to resume"):
+        make_trainer(tmp_path, rounds=1).fit(make_model(), synthetic_data(), FedAvg(), ckpt_path=last)
+
+
+def test_a_run_stopped_before_its_first_round_ends_leaves_no_wandb_part(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    trainer = make_trainer(tmp_path, rounds=2, logger=["csv", "wandb"])
+    with pytest.raises(Kill):
+        trainer.fit(make_model(), synthetic_data(), KillInsideRound(0))
+    assert not list((trainer.run_dir / "wandb").glob("offline-run-*"))
+
+
 class RecordingCallback(RoundCallback):
     """Adds a metric and a histogram every round and counts rounds in its checkpointed state."""
 
