@@ -81,10 +81,14 @@ class FederatedDataModule:
             problems.append(f"Expected --data.test_fraction in [0, 1), got {test_fraction}.")
         if eval_batch_size < 1:
             problems.append(f"Expected --data.eval_batch_size ≥ 1, got {eval_batch_size}.")
+        partitioner = partitioner if partitioner is not None else Natural()
+        check = getattr(dataset, "partition_problems", None)  # a dataset whose own split a partitioner would drop
+        if check is not None:
+            problems += check(partitioner)
         if problems:
             raise ConfigError(*problems)
         self.dataset = dataset
-        self.partitioner = partitioner if partitioner is not None else Natural()
+        self.partitioner = partitioner
         self.batch_size = batch_size
         self.test_fraction = test_fraction
         self.eval_batch_size = eval_batch_size

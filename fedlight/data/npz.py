@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
+from fedlight.data.partition.natural import Natural
 from fedlight.errors import ConfigError
 
 
@@ -15,15 +17,19 @@ class NpzDataset(FederatedDataset):
     """Reads ``inputs`` ``[N, ...]``, ``targets`` ``[N]`` and optionally ``groups`` ``[N]`` from an ``.npz``.
 
     Save one with ``numpy.savez(path, inputs=x, targets=y, groups=client_ids)``. With ``groups`` the
-    ``Natural`` partitioner gives one client per id; without, choose a partitioner.
+    ``Natural`` partitioner gives one client per id; without, choose a partitioner. A file with ``groups`` under
+    another partitioner (one that a base config chose, say) is refused at set-up rather than silently split
+    anew: choose ``Natural`` to keep the ids as clients, or set ``ignore_groups``.
 
     Args:
         path: the ``.npz`` file.
         num_classes: number of classes; by default ``max(targets) + 1``.
+        ignore_groups: leave the file's ``groups`` unused and let ``--data.partitioner`` split the samples.
     """
 
-    def __init__(self, path: str, num_classes: int | None = None) -> None:
+    def __init__(self, path: str, num_classes: int | None = None, ignore_groups: bool = False) -> None:
         self.path = Path(path)
+        self.ignore_groups = ignore_groups
         if not self.path.is_file():
             raise ConfigError(
                 f"--data.dataset.init_args.path={self.path} does not exist. Save your arrays there with "
@@ -43,12 +49,24 @@ class NpzDataset(FederatedDataset):
                     f"--data.dataset.init_args.path={self.path} holds {found}: every sample needs one of each. "
                     "Save arrays of one length with numpy.savez(path, inputs=x, targets=y, groups=client_ids)."
                 )
+            self.has_groups = "groups" in arrays.files and not ignore_groups
             self.input_shape = tuple(arrays["inputs"].shape[1:])
             self.num_classes = num_classes if num_classes is not None else int(arrays["targets"].max()) + 1
 
     def load_train(self) -> LabelledTensors:
         with np.load(self.path) as arrays:
-            groups = arrays["groups"] if "groups" in arrays.files else None
+            groups = arrays["groups"] if self.has_groups else None
             return LabelledTensors(
                 torch.from_numpy(arrays["inputs"]).float(), torch.from_numpy(arrays["targets"]).long(), groups
             )
+
+    def partition_problems(self, partitioner: Any) -> list[str]:
+        """``[problem]`` when the file's client ids would be left unused by ``partitioner``."""
+        if not self.has_groups or isinstance(partitioner, Natural):
+            return []
+        return [
+            f"--data.dataset.init_args.path={self.path} holds each sample's client id (groups), but "
+            f"--data.partitioner={type(partitioner).__name__} splits the samples itself and would ignore them. Use "
+            "--data.partitioner=fedlight.data.partition.Natural for one client per id, or set "
+            "--data.dataset.init_args.ignore_groups=true to partition anew."
+        ]
