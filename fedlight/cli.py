@@ -34,6 +34,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter,
 from jsonargparse import Path as ConfigPath
 
 from fedlight import checkpoint as ckpt_io
+from fedlight import compare
 from fedlight.clients.base import FederatedClient
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.errors import ConfigError, RunInterrupted
@@ -226,6 +227,10 @@ def build_parser() -> ArgumentParser:
     subcommands = parser.add_subcommands(required=True, dest="subcommand")
     for name, description in SUBCOMMANDS.items():
         subcommands.add_subcommand(name, _subcommand_parser(description), help=description)
+    # run by fedlight.compare (main hands it over before this parser), listed here so that --help shows it
+    compare_parser = _Parser(description=compare.DESCRIPTION)
+    compare.add_arguments(compare_parser)
+    subcommands.add_subcommand("compare", compare_parser, help=compare.DESCRIPTION.split("?")[0] + "?")
     return parser
 
 
@@ -423,9 +428,7 @@ def main(args: list[str] | None = None) -> None:
     args = sys.argv[1:] if args is None else args
     try:
         if args and args[0] == "compare":  # a paired test of two finished runs, not a training stage
-            from fedlight.compare import main as compare
-
-            return compare(list(args[1:]))
+            return compare.main(list(args[1:]))
         run(args)
     except ConfigError as err:
         print(f"fedlight: error: {err}", file=sys.stderr)

@@ -17,7 +17,6 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 from fedlight.callbacks.per_image_scores import PER_IMAGE_FILE, read_per_image
 from fedlight.errors import ConfigError
@@ -55,6 +54,8 @@ def paired_test(run_a: str | Path, run_b: str | Path, metric: str = "miou") -> d
     x, y = x[keep], y[keep]
     if len(x) < 2:
         raise ConfigError(f"{files[0]} and {files[1]} share {len(x)} images with a defined {metric}; need ≥ 2.")
+    from scipy import stats  # seconds to import; only this command needs it
+
     t = stats.ttest_rel(y, x)
     differences = y - x
     if np.any(differences != 0):
@@ -90,12 +91,24 @@ def format_result(result: dict, run_a: str, run_b: str) -> str:
     )
 
 
-def main(args: list[str]) -> None:
-    """``fedlight compare RUN_A RUN_B [--metric miou|acc]``."""
-    parser = argparse.ArgumentParser(prog="fedlight compare", description=__doc__.splitlines()[0])
+#: what ``fedlight compare`` does, in the words of ``fedlight --help`` and ``fedlight compare --help``
+DESCRIPTION = (
+    "Is run B better than run A on the same test images? The paired t-test and Wilcoxon signed-rank test of their "
+    "per-image scores (FUSS, Sec. 5.4), which runs write with the callback fedlight.callbacks.PerImageScores."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's arguments, on its own parser and on the ``fedlight`` parser's ``compare`` subcommand."""
     parser.add_argument("run_a", help="run folder (or its per_image.csv) of the baseline A")
     parser.add_argument("run_b", help="run folder (or its per_image.csv) of the contender B")
-    parser.add_argument("--metric", default="miou", choices=METRICS)
+    parser.add_argument("--metric", default="miou", choices=METRICS, help="the per-image score compared")
+
+
+def main(args: list[str]) -> None:
+    """``fedlight compare RUN_A RUN_B [--metric miou|acc]``."""
+    parser = argparse.ArgumentParser(prog="fedlight compare", description=DESCRIPTION)
+    add_arguments(parser)
     options = parser.parse_args(args)
     result = paired_test(options.run_a, options.run_b, options.metric)
     print(format_result(result, options.run_a, options.run_b))

@@ -119,3 +119,19 @@ def test_supervised_predictions_are_scored_without_a_match():
     scores = per_image_scores(Classes().eval(), [(images, target, None)], num_classes=2)
     # image 0 is wrong on its 3 valid pixels (no swap is made); image 1 is right everywhere
     assert scores["acc"].tolist() == [0.0, 1.0] and scores["miou"].tolist() == [0.0, 1.0]
+
+
+def test_the_commands_help_lists_compare_and_its_own_help_is_plain_text(capsys):
+    for args in (["--help"], ["compare", "--help"]):
+        with pytest.raises(SystemExit):
+            main(args)
+        text = capsys.readouterr().out
+        assert "Is run B better than run A on the same test images?" in text
+        assert "``" not in text and ":class:" not in text and ":func:" not in text
+    assert "usage: fedlight {fit,validate,test,compare}" in " ".join(_help_usage(["--help"], capsys).split())
+
+
+def _help_usage(args, capsys):
+    with pytest.raises(SystemExit):
+        main(args)
+    return capsys.readouterr().out.splitlines()[0]
