@@ -61,7 +61,8 @@ class ClientParallelStrategy(DDPStrategy):
                 "address and port can be reached from each node, or raise --trainer.rendezvous_timeout."
             ) from None
         if torch.distributed.is_initialized():  # the rounds' collectives wait as long as PyTorch's default
-            torch.distributed.distributed_c10d._set_pg_timeout(default_pg_timeout)
+            set_timeout = getattr(torch.distributed, "set_timeout", None)  # public in newer torch, private before
+            (set_timeout or torch.distributed.distributed_c10d._set_pg_timeout)(default_pg_timeout)
 
 
 def missing_launcher(num_nodes: int, devices: int, environ: Mapping[str, str] = os.environ) -> list[str]:

@@ -1244,7 +1244,7 @@ class FederatedTrainer:
                 metric.update(**module.validation_step(precision.convert_input(batch), batch_idx))
             if routed:
                 mine.append((batch_idx, batch, strategy.route(self.context, batch, split)))
-        computed = metric.compute()
+        computed = _merged(metric)
         result = scalar_metrics(computed)
         if split == "clients":
             result.update(client_spread(computed))  # per-client values and their spread over the clients
@@ -1259,7 +1259,7 @@ class FederatedTrainer:
                         with precision.forward_context():
                             routed_metric.update(**module.validation_step(part, batch_idx))
             self.layout.load(module, self.global_state, self.global_integers)
-            result.update({f"routed/{k}": v for k, v in scalar_metrics(routed_metric.compute()).items()})
+            result.update({f"routed/{k}": v for k, v in scalar_metrics(_merged(routed_metric)).items()})
         return result
 
     # -- randomness ----------------------------------------------------------------------------------
@@ -1394,6 +1394,14 @@ class FederatedTrainer:
 
 class _RoundAbandoned(Exception):
     """Raised on every rank when a stop request ends the local fits of a round before all clients trained."""
+
+
+def _merged(metric: Metric) -> Any:
+    """``metric.compute()`` over every process's states. A process that held none of the batches updated nothing
+    and contributes zero sums, which is right; torchmetrics would warn that it computes before an update."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"The ``compute`` method of metric .* before the ``update``")
+        return metric.compute()
 
 
 def _seed_torch(seed: int, device: torch.device) -> None:
