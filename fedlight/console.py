@@ -33,6 +33,15 @@ def format_metrics(metrics: dict[str, float], keys: Iterable[str] = SHOWN) -> st
     return "  ".join(shown)
 
 
+def counted(number: int, noun: str) -> str:
+    """``number`` and ``noun``, plural unless it is one.
+
+    >>> counted(1, "round"), counted(3, "round"), counted(0, "round")
+    ('1 round', '3 rounds', '0 rounds')
+    """
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 class RunConsole:
     """Prints a run's start, progress and end.
 
@@ -80,7 +89,7 @@ class RunConsole:
         resumed = f", resuming at round {first + 1}" if first else ""
         self.print(
             f"fedlight: {name} → {run_dir} | seed {seed} | {strategy}, {per_round} of {clients} clients per round, "
-            f"{rounds} rounds{resumed}"
+            f"{counted(rounds, 'round')}{resumed}"
         )
         if self.bars:
             self._bar = tqdm(total=rounds, initial=first, desc="rounds", unit="round", dynamic_ncols=True)
@@ -106,7 +115,7 @@ class RunConsole:
             self._bar.close()
             self._bar = None
         minutes, seconds = divmod(time.perf_counter() - self._started, 60)
-        self.print(f"fedlight: {rounds_run} rounds in {int(minutes)} min {seconds:.0f} s")
+        self.print(f"fedlight: {counted(rounds_run, 'round')} in {int(minutes)} min {seconds:.0f} s")
         if metrics:
             self.print(f"  {format_metrics(metrics)}")
         if run_dir is None:

@@ -47,7 +47,7 @@ from fedlight.bank import ModelBank, RoundSums, cluster_entry_names
 from fedlight.batched import BatchedLocalFit, batching_blocker, optimizer_factory
 from fedlight.callbacks.base import CallbackFailed, RoundCallback, saved_rounds
 from fedlight.clients.base import FederatedClient, LocalFit
-from fedlight.console import RunConsole
+from fedlight.console import RunConsole, counted
 from fedlight.context import RunContext
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.distributed import ClientParallelStrategy, assign_clients, missing_launcher
@@ -384,7 +384,7 @@ class FederatedTrainer:
             if self.round == self.rounds:
                 if self.fabric.global_rank == 0:
                     print(
-                        f"fedlight: {ckpt_path} holds all {self.rounds} rounds; nothing to resume. Raise "
+                        f"fedlight: {ckpt_path} holds all {counted(self.rounds, 'round')}; nothing to resume. Raise "
                         "--trainer.rounds to continue the run."
                     )
                 return dict(self.history[-1]) if self.history else {}
@@ -689,9 +689,9 @@ class FederatedTrainer:
             self._planned_rounds = ((state.get("config") or {}).get("trainer") or {}).get("rounds")
             if logging and self.round > self.rounds:
                 raise ConfigError(
-                    f"--ckpt_path {ckpt_path} holds {self.round} rounds, more than --trainer.rounds={self.rounds}: "
-                    f"there is nothing to resume. Pass --trainer.rounds above {self.round} to continue the run, or "
-                    "score it with fedlight validate / test."
+                    f"--ckpt_path {ckpt_path} holds {counted(self.round, 'round')}, more than "
+                    f"--trainer.rounds={self.rounds}: there is nothing to resume. Pass --trainer.rounds above "
+                    f"{self.round} to continue the run, or score it with fedlight validate / test."
                 )
             if logging and self.round == self.rounds:  # finished: its folder and loggers are left as they are
                 self.run_dir = None

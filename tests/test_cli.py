@@ -535,3 +535,14 @@ def test_the_readmes_own_network_trains_by_import_path_from_the_working_director
         "net.head.weight": (10, 32),
         "net.head.bias": (10,),
     }
+
+
+def test_environment_variables_fill_in_what_files_and_flags_leave_unset_as_the_readme_says(monkeypatch, capsys):
+    monkeypatch.setenv("JSONARGPARSE_DEFAULT_ENV", "true")
+    monkeypatch.setenv("FEDLIGHT_FIT__TRAINER__ROUNDS", "7")
+    bare = ["fit", "--model=fedlight.clients.ClassificationClient", "--data.dataset=fedlight.data.Digits"]
+    for args, rounds in [(bare, 7), (["fit", "--config", SYNTHETIC], 200), ([*bare, "--trainer.rounds=3"], 3)]:
+        with pytest.raises(SystemExit):
+            run([*args, "--print_config"])
+        assert yaml.safe_load(capsys.readouterr().out)["trainer"]["rounds"] == rounds
+    assert "JSONARGPARSE_DEFAULT_ENV=true" in (REPO / "README.md").read_text()
