@@ -449,7 +449,7 @@ def test_a_resumed_run_continues_its_wandb_run(tmp_path, monkeypatch):
     first, resumed = sorted((run_dir / "wandb").glob("offline-run-*"))  # by start time
     run_id = first.name.rsplit("-", 1)[1]
     assert resumed.name.endswith(f"-{run_id}")  # the same W&B run, in a second offline folder
-    assert (_logged_rounds(first), _logged_rounds(resumed)) == ([0, 1], [2])
+    assert (_logged_rounds(first), _logged_rounds(resumed)) == ([1, 2], [3])
 
 
 def _help(capsys, *args: str) -> str:

@@ -35,7 +35,7 @@ def run(tmp_path, model, **kwargs):
 
 
 def test_a_failing_client_is_left_out_counted_and_its_traceback_kept(tmp_path):
-    warning = r"1 of 3 clients failed their local fit in round [12] .* client 1 \(RuntimeError: bad batch of target 3.0\)"
+    warning = r"1 of 3 clients failed their local fit in round \d .* client 1 \(RuntimeError: bad batch of target 3.0\)"
     with pytest.warns(UserWarning, match=warning):
         trainer, metrics = run(tmp_path, FlakyClient())
     assert trainer.global_state.item() == pytest.approx((2.0 + 4.0) / 2)  # clients 0 and 2, equal sizes

@@ -45,7 +45,7 @@ def test_each_clients_accuracy_is_logged_with_its_spread(tmp_path, monkeypatch):
 
     expected = np.array([_accuracy_by_hand(trainer, k) for k in range(data.num_clients)])  # the final model's
     step, logged = recorder.logged[-1]
-    assert step == 1
+    assert step == 2  # the second round, counted from 1
     histogram = logged["clients/acc_per_client"]
     assert isinstance(histogram, wandb.Histogram)
     counts, edges = np.histogram(expected, bins=64)  # wandb.Histogram's own binning of the same values
