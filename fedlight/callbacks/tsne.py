@@ -1,10 +1,13 @@
 """A t-SNE map of the final global model's features, coloured by class: MO-FedProto's Fig. S3.
 
-After the last round, the features of the global model (``forward_features``) on the first
-``max_images`` test images are embedded in 2-D with scikit-learn's t-SNE. For a segmentation model every
+After the last round, the features of the global model (``forward_features``) on the global test set (the union
+of the clients' held-out splits where the data have no test set of their own) are embedded in 2-D with
+scikit-learn's t-SNE. Every test image of a classifier is a point; for a segmentation model every
 decoder-feature pixel is a point, labelled by the label map downsampled by nearest neighbour (as the
-prototypes, D5); void pixels are dropped and, as in Fig. S3, background too unless asked for. At most
-``max_points`` points are kept, drawn at random with the run's seed.
+prototypes, D5); void pixels are dropped and, as in Fig. S3, background too unless asked for. When there are
+more than ``max_points`` points (2,000: t-SNE's cost grows with their square), that many are drawn uniformly
+from all of them with the run's seed, as the batches pass, so memory stays bounded for dense models too;
+``max_images`` reads only the first images of the test set.
 
 Writes ``<run_dir>/tsne.png`` (one qualitative colour per class, tab10 or tab20, and a legend naming them;
 Pascal VOC's colours beyond 20 classes) and ``tsne.npz`` (the embedding and the labels, to compare runs), and
@@ -34,19 +37,27 @@ class FeatureTSNE(RoundCallback):
     """Saves and logs a 2-D t-SNE of the final model's features.
 
     Args:
-        max_images: test images whose features are embedded, the first ones of the global test set.
-        max_points: points kept at most (t-SNE costs grow with their square).
+        max_images: read only the first this many images of the global test set; null reads all of them.
+        max_points: points embedded at most (t-SNE's cost grows with their square): every test sample (pixel, for
+            a segmentation model) when there are fewer, else a uniform draw of this many, seeded by the run.
         include_background: keep background pixels (class 0); Fig. S3 leaves them out.
         perplexity: t-SNE perplexity (lowered to fit when there are few points).
     """
 
     def __init__(
-        self, max_images: int = 64, max_points: int = 2000, include_background: bool = False, perplexity: float = 30.0
+        self,
+        max_images: int | None = None,
+        max_points: int = 2000,
+        include_background: bool = False,
+        perplexity: float = 30.0,
     ) -> None:
-        if max_images < 1 or max_points < 3:
-            raise ConfigError(
-                f"Expected FeatureTSNE max_images ≥ 1 and max_points ≥ 3, got {max_images}, {max_points}."
-            )
+        problems = []
+        if max_images is not None and max_images < 1:
+            problems.append(f"Expected FeatureTSNE max_images ≥ 1 or null (the whole test set), got {max_images}.")
+        if max_points < 3:
+            problems.append(f"Expected FeatureTSNE max_points ≥ 3, got {max_points}.")
+        if problems:
+            raise ConfigError(*problems)
         self.max_images = max_images
         self.max_points = max_points
         self.include_background = include_background
@@ -61,10 +72,6 @@ class FeatureTSNE(RoundCallback):
         if context.rank != 0 or context.run_dir is None:
             return
         features, labels = self._features(context)
-        rng = np.random.default_rng(context.seed)
-        if len(labels) > self.max_points:
-            keep = np.sort(rng.choice(len(labels), size=self.max_points, replace=False))
-            features, labels = features[keep], labels[keep]
         from sklearn.manifold import TSNE
 
         perplexity = min(self.perplexity, (len(labels) - 1) / 3)
@@ -76,12 +83,19 @@ class FeatureTSNE(RoundCallback):
 
     @torch.no_grad()
     def _features(self, context: RunContext) -> tuple[np.ndarray, np.ndarray]:
-        """``[M, D]`` features and ``[M]`` labels of the kept points."""
+        """``[M, D]`` features and ``[M]`` labels of the kept points, in test-set order.
+
+        Every point gets a uniform random key as it is read and the ``max_points`` smallest keys are kept: a
+        uniform draw without replacement from all points, holding no more than one batch beyond them.
+        """
         module, precision = context.global_module(), context.precision
-        features, labels, taken = [], [], 0
+        rng = np.random.default_rng(context.seed)
+        features, labels, keys = [], [], []
+        images_left = self.max_images if self.max_images is not None else float("inf")
         for x, y, _ in context.datamodule.test_batches():
-            x, y = x[: self.max_images - taken], y[: self.max_images - taken]
-            taken += len(x)
+            if images_left < len(x):
+                x, y = x[:images_left], y[:images_left]
+            images_left -= len(x)
             with precision.forward_context():
                 batch_features = module.net.forward_features(precision.convert_input(x)).float()
             if batch_features.ndim == 4:  # dense: every feature pixel is a point
@@ -90,9 +104,21 @@ class FeatureTSNE(RoundCallback):
                 batch_features, y = batch_features[keep], y[keep]
             features.append(batch_features.cpu().numpy())
             labels.append(y.cpu().numpy())
-            if taken == self.max_images:
+            keys.append(rng.random(len(y)))
+            if sum(len(k) for k in keys) > self.max_points:
+                features, labels, keys = _smallest_keys(features, labels, keys, self.max_points)
+            if images_left == 0:
                 break
         return np.concatenate(features), np.concatenate(labels)
+
+
+def _smallest_keys(
+    features: list[np.ndarray], labels: list[np.ndarray], keys: list[np.ndarray], count: int
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """The ``count`` points with the smallest keys, in their order, as one-element lists."""
+    all_keys = np.concatenate(keys)
+    kept = np.sort(np.argpartition(all_keys, count - 1)[:count])
+    return [np.concatenate(features)[kept]], [np.concatenate(labels)[kept]], [all_keys[kept]]
 
 
 def class_colors(num_classes: int) -> np.ndarray:
