@@ -9,21 +9,22 @@ more than ``max_points`` points (2,000: t-SNE's cost grows with their square), t
 from all of them with the run's seed, as the batches pass, so memory stays bounded for dense models too;
 ``max_images`` reads only the first images of the test set.
 
-Writes ``<run_dir>/tsne.png`` (one qualitative colour per class, tab10 or tab20, and a legend naming them;
-Pascal VOC's colours beyond 20 classes) and ``tsne.npz`` (the embedding and the labels, to compare runs), and
-logs the picture to W&B as ``analysis/tsne``. Drawing needs matplotlib (``pip install -e ".[plots]"``).
+Writes ``<run_dir>/tsne.png`` (each class in its colour of the run, :func:`~fedlight.callbacks.figures.class_colours`,
+and a legend naming the classes after the data) and ``tsne.npz`` (the embedding and the labels, to compare runs),
+and logs the picture to W&B as ``analysis/tsne``. Drawing needs matplotlib (``pip install -e ".[plots]"``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from fedlight.callbacks.base import RoundCallback, features_problem
-from fedlight.callbacks.figures import class_names, matplotlib_problem
-from fedlight.data.labels import IGNORE_INDEX, voc_colormap
+from fedlight.callbacks.figures import class_colours, class_names, matplotlib_problem
+from fedlight.data.labels import IGNORE_INDEX
 from fedlight.errors import ConfigError
 from fedlight.metrics.functional.prototypes import dense_features_and_labels
 
@@ -78,7 +79,7 @@ class FeatureTSNE(RoundCallback):
         embedding = TSNE(2, perplexity=perplexity, init="pca", random_state=context.seed).fit_transform(features)
         np.savez(context.run_dir / "tsne.npz", embedding=embedding, labels=labels)
         path = context.run_dir / "tsne.png"
-        tsne_figure(embedding, labels, context.datamodule.num_classes, context.name).savefig(path, dpi=110)
+        tsne_figure(embedding, labels, class_names(context.datamodule), context.name).savefig(path, dpi=110)
         context.log_images({"analysis/tsne": [str(path)]}, step=context.rounds - 1)
 
     @torch.no_grad()
@@ -121,29 +122,25 @@ def _smallest_keys(
     return [np.concatenate(features)[kept]], [np.concatenate(labels)[kept]], [all_keys[kept]]
 
 
-def class_colors(num_classes: int) -> np.ndarray:
-    """``[C, 3]`` RGB colours in [0, 1], one per class: matplotlib's qualitative ``tab10`` for up to 10 classes and
-    ``tab20`` for up to 20, whose colours are told apart at a glance; beyond 20, Pascal VOC's colour map, as in
-    the label maps of :mod:`~fedlight.callbacks.entropy_maps`."""
-    if num_classes > 20:
-        return voc_colormap()[:num_classes] / 255.0
-    from matplotlib import colormaps
+def tsne_figure(embedding: np.ndarray, labels: np.ndarray, names: Sequence[str], title: str = "") -> Figure:
+    """The 2-D embedding ``[M, 2]`` as a scatter plot with a legend, each class in its run colour.
 
-    cmap = colormaps["tab10" if num_classes <= 10 else "tab20"]
-    return np.array([cmap(c)[:3] for c in range(num_classes)])
-
-
-def tsne_figure(embedding: np.ndarray, labels: np.ndarray, num_classes: int, title: str = "") -> Figure:
-    """The 2-D embedding ``[M, 2]`` as a scatter plot, one colour per class (:func:`class_colors`), with a legend."""
+    Args:
+        embedding: ``[M, 2]`` the points.
+        labels: ``[M]`` each point's class.
+        names: the names of the run's C classes; C decides the palette
+            (:func:`~fedlight.callbacks.figures.class_colours`).
+        title: added to the figure's title.
+    """
     from matplotlib.figure import Figure
 
-    names, colors = class_names(num_classes), class_colors(num_classes)
+    colours = class_colours(len(names))
     size = 30.0 if len(labels) <= 300 else 5.0  # few points are drawn large enough to see their colour
     figure = Figure(figsize=(7.5, 6), layout="constrained")
     axis = figure.subplots()
     for c in np.unique(labels):
         points = embedding[labels == c]
-        axis.scatter(points[:, 0], points[:, 1], s=size, color=colors[c], label=names[c], linewidths=0)
+        axis.scatter(points[:, 0], points[:, 1], s=size, color=colours[c], label=names[c], linewidths=0)
     axis.legend(
         loc="center left", bbox_to_anchor=(1.0, 0.5), markerscale=max(1.0, 20.0 / size) ** 0.5,
         fontsize="small", ncol=1 if len(np.unique(labels)) <= 12 else 2, title="class",

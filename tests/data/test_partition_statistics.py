@@ -54,7 +54,8 @@ def test_counts_are_per_client_and_class():
 
 
 def test_plot_writes_a_png(by_alpha, tmp_path):
-    path = plot_partition_summary(by_alpha[0.1], tmp_path / "s1.png", VOC_CLASSES, voc_colormap(), title="alpha=0.1")
+    colours = voc_colormap()[:21] / 255
+    path = plot_partition_summary(by_alpha[0.1], tmp_path / "s1.png", VOC_CLASSES, colours, title="alpha=0.1")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 
 
@@ -63,7 +64,7 @@ def test_counts_tick_at_integers_only():
     labels = np.array([1, 1, 2, 1, 2, 3])
     stats = partition_statistics(labels, [np.array([0, 1]), np.array([2, 3]), np.array([4, 5, 0])], 4)
     assert stats.classes_per_client.tolist() == [1, 2, 3]
-    figure = partition_figure(stats, VOC_CLASSES[:4], voc_colormap())
+    figure = partition_figure(stats, VOC_CLASSES[:4], voc_colormap()[:4] / 255)
     FigureCanvasAgg(figure).draw()
     left, middle, _ = figure.axes
     for ticks in (middle.get_xticks(), middle.get_yticks(), left.get_yticks()):

@@ -99,7 +99,7 @@ def partition_figure(
     Args:
         stats: the partition's statistics.
         class_names: ``[C]`` names of the classes.
-        colors: ``[C, 3]`` uint8 colour of each class (VOC's colour map for VOC classes).
+        colors: ``[C, 3]`` or ``[C, 4]`` RGB(A) colour of each class in [0, 1].
         max_clients: clients shown in the class-mix panel, drawn at random (Fig. S1: 30).
         seed: seed of that draw.
         title: the figure's title (e.g. the α of the partition).
@@ -110,7 +110,7 @@ def partition_figure(
     held = np.flatnonzero(stats.counts.sum(axis=0) > 0)  # the classes the pool has (no background in VOC labels)
     figure = Figure(figsize=(16, 4.2), layout="tight")
     left, middle, right = figure.subplots(1, 3)
-    left.bar(range(len(held)), stats.clients_per_class[held], color=colors[held] / 255.0, edgecolor="black")
+    left.bar(range(len(held)), stats.clients_per_class[held], color=colors[held], edgecolor="black")
     left.set_xticks(range(len(held)), [class_names[c] for c in held], rotation=70, fontsize=7)
     left.set_ylabel("clients holding the class")
     left.set_title("clients per class")
@@ -129,7 +129,7 @@ def partition_figure(
     shares = stats.counts[shown] / np.maximum(stats.sizes[shown], 1)[:, None]  # [K', C]
     bottom = np.zeros(len(shown))
     for c in held:
-        right.bar(range(len(shown)), shares[:, c], bottom=bottom, color=colors[c] / 255.0, width=0.9)
+        right.bar(range(len(shown)), shares[:, c], bottom=bottom, color=colors[c], width=0.9)
         bottom += shares[:, c]
     right.set_xticks(range(len(shown)), [str(k) for k in shown], rotation=90, fontsize=6)
     right.set_xlabel("client")
