@@ -92,11 +92,11 @@ class FeatureTSNE(RoundCallback):
         module, precision = context.global_module(), context.precision
         rng = np.random.default_rng(context.seed)
         features, labels, keys = [], [], []
-        images_left = self.max_images if self.max_images is not None else float("inf")
+        images_left = self.max_images  # None: every test image
         for x, y, _ in context.datamodule.test_batches():
-            if images_left < len(x):
+            if images_left is not None:
                 x, y = x[:images_left], y[:images_left]
-            images_left -= len(x)
+                images_left -= len(x)
             with precision.forward_context():
                 batch_features = module.net.forward_features(precision.convert_input(x)).float()
             if batch_features.ndim == 4:  # dense: every feature pixel is a point
