@@ -19,8 +19,14 @@ from tqdm.auto import tqdm
 
 T = TypeVar("T")
 
-#: Metrics shown in round lines and the summary, in this order, when the run has them.
-SHOWN = ("train/loss", "test/acc", "test/miou", "test/loss", "clients/acc", "clients/miou", "test/routed/acc")
+#: Metrics shown in round lines and the summary, in this order, when the run has them. A rule that routes samples to
+#: cluster models (LADD) reports the routed scores, so they sit right after the global model's.
+SHOWN = (
+    "train/loss", "test/acc", "test/miou", "test/routed/acc", "test/routed/miou", "test/loss", "clients/acc",
+    "clients/miou", "clients/routed/miou",
+)  # fmt: skip
+#: The few of them a progress bar has room for.
+SHOWN_ON_BAR = ("train/loss", "test/acc", "test/miou", "test/routed/miou")
 
 
 def format_metrics(metrics: dict[str, float], keys: Iterable[str] = SHOWN) -> str:
@@ -103,7 +109,7 @@ class RunConsole:
     def round_end(self, round_idx: int, rounds: int, metrics: dict[str, float]) -> None:
         """Updates the bar, or prints the round's line when it is due."""
         if self._bar is not None:
-            self._bar.set_postfix_str(format_metrics(metrics, ("train/loss", "test/acc", "test/miou")))
+            self._bar.set_postfix_str(format_metrics(metrics, SHOWN_ON_BAR))
             self._bar.update(1)
         elif (round_idx + 1) % self._every == 0 or round_idx == rounds - 1:
             seconds = metrics.get("round/time_s", math.nan)

@@ -666,6 +666,7 @@ class FederatedTrainer:
             model.configure_model()
             if self.init_from is not None:
                 ckpt_io.load_weights(model, self.init_from)
+        model.class_names = datamodule.class_names  # per-class scores are named after the data's classes
         # what the rule and the round callbacks need of the model and data; evaluation runs neither
         _check_model(model, datamodule, () if evaluating else (strategy, *self.callbacks))
         freeze_parameters(model, model.frozen_modules)

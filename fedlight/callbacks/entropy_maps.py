@@ -4,16 +4,17 @@ For ``num_images`` images spread evenly over the global test set (the union of t
 splits, client after client, when the dataset has none), the same in every round and run, at the rounds
 due, the global model W^{t+1} gives:
 
-- its prediction, drawn in Pascal VOC's colour map;
+- its prediction, each class in its colour of the run (:func:`~fedlight.callbacks.figures.class_colours`, shared
+  with the partition summary and the t-SNE);
 - H_S, the per-pixel entropy of its softmax (:func:`~fedlight.metrics.functional.entropy.softmax_entropy`);
 - H_E, the entropy of its decoder features normalised over the channels, upsampled to the input size
   (:func:`~fedlight.metrics.functional.entropy.feature_entropy`, D10).
 
 They are drawn as one figure per round, ``<run_dir>/entropy_maps/round_<t>.png``, with one row per image
-and the titled columns input | ground truth | prediction | H_S | H_E: label maps in Pascal VOC's colours with
-a legend of the classes shown, entropies in viridis (dark: low) on fixed scales, H_S on [0, log C] and H_E on
-[0, log D], each with its colour bar, so figures of different rounds and runs compare. The figure is logged
-to W&B as the image ``analysis/entropy_maps``, and the mean entropies over those images as
+and the titled columns input | ground truth | prediction | H_S | H_E: label maps in the run's class colours (void
+black) with a legend naming the classes shown, entropies in viridis (dark: low) on fixed scales, H_S on
+[0, log C] and H_E on [0, log D], each with its colour bar, so figures of different rounds and runs compare.
+The figure is logged to W&B as the image ``analysis/entropy_maps``, and the mean entropies over those images as
 ``analysis/entropy_softmax`` and ``analysis/entropy_features``. Drawing needs matplotlib
 (``pip install -e ".[plots]"``).
 """
@@ -30,8 +31,7 @@ import torch
 from torch import Tensor
 
 from fedlight.callbacks.base import RoundCallback
-from fedlight.callbacks.figures import class_names, matplotlib_problem
-from fedlight.data.labels import voc_colormap
+from fedlight.callbacks.figures import VOID_COLOUR, class_colours, class_names, label_map_colours, matplotlib_problem
 from fedlight.errors import ConfigError
 from fedlight.metrics.functional.entropy import feature_entropy, softmax_entropy
 
@@ -93,7 +93,7 @@ class EntropyMaps(RoundCallback):
             return
         figure = entropy_figure(
             x, y, maps["preds"], maps["softmax_entropy"], maps["feature_entropy"], maps["bounds"],
-            class_names(context.datamodule.num_classes), title=f"{context.name}, round {round_idx + 1}",
+            class_names(context.datamodule), title=f"{context.name}, round {round_idx + 1}",
         )  # fmt: skip
         path = context.run_dir / "entropy_maps" / f"round_{round_idx + 1:04d}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -140,14 +140,14 @@ def entropy_figure(
     h_s: Tensor,
     h_e: Tensor,
     bounds: Tensor,
-    names: Sequence[str] = (),
+    names: Sequence[str],
     title: str = "",
 ) -> Figure:
     """One row per image: input | ground truth | prediction | H_S | H_E, as a matplotlib figure.
 
-    Inputs are min–max scaled per image; label maps use VOC's colour map (void in its cream colour), with a
-    legend naming the classes shown; H_S and H_E are
-    drawn in viridis on [0, log C] and [0, log D], each column with a colour bar.
+    Inputs are min–max scaled per image; label maps show each class in its run colour
+    (:func:`~fedlight.callbacks.figures.class_colours`) and void in black, with a legend naming the classes shown;
+    H_S and H_E are drawn in viridis on [0, log C] and [0, log D], each column with a colour bar.
 
     Args:
         x: ``[N, 3, H, W]`` (or one channel) input images.
@@ -155,18 +155,18 @@ def entropy_figure(
         preds: ``[N, H, W]`` predicted classes.
         h_s, h_e: ``[N, H, W]`` softmax and feature entropies.
         bounds: ``[2]`` log C and log D, the upper ends of the entropy scales.
-        names: the classes' names in the legend (class numbers where missing).
+        names: the names of the run's C classes, in the legend; C decides the palette.
         title: the figure's title.
     """
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    palette = voc_colormap()
+    num_classes = len(names)
     x = x.float().cpu()
     low = x.amin(dim=(1, 2, 3), keepdim=True)
     high = x.amax(dim=(1, 2, 3), keepdim=True)
     inputs = ((x - low) / (high - low + 1e-12)).permute(0, 2, 3, 1).numpy()  # [N, H, W, channels] in [0, 1]
-    labels, predicted = y.cpu().numpy().clip(0, 255), preds.cpu().numpy()
+    labels, predicted = y.cpu().numpy(), preds.cpu().numpy()
     num_rows = len(inputs)
     figure = Figure(figsize=(5 * 2.2 + 1.6, num_rows * 2.2 + 1.4), layout="constrained")
     axes = figure.subplots(num_rows, 5, squeeze=False)
@@ -174,8 +174,8 @@ def entropy_figure(
     for row in range(num_rows):
         image = inputs[row]
         axes[row, 0].imshow(image[..., 0] if image.shape[-1] == 1 else image, cmap="gray")
-        axes[row, 1].imshow(palette[labels[row]])
-        axes[row, 2].imshow(palette[predicted[row]])
+        axes[row, 1].imshow(label_map_colours(labels[row], num_classes))
+        axes[row, 2].imshow(label_map_colours(predicted[row], num_classes))
         for column, (values, bound, _) in enumerate(entropies, start=3):
             axes[row, column].imshow(values[row], cmap="viridis", vmin=0.0, vmax=bound)
     for axis in axes.flat:
@@ -186,10 +186,10 @@ def entropy_figure(
     for column, (_, bound, name) in enumerate(entropies, start=3):
         figure.colorbar(axes[0, column].images[0], ax=axes[:, column], label=f"nats, 0 … {name} = {bound:.2f}")
     shown = np.union1d(np.unique(labels), np.unique(predicted))
-    handles = [
-        Patch(color=palette[c] / 255.0, label=names[c] if c < len(names) else ("void" if c == 255 else str(c)))
-        for c in shown
-    ]
+    colours = class_colours(num_classes)
+    handles = [Patch(color=colours[c], label=names[c]) for c in shown if 0 <= c < num_classes]
+    if (shown >= num_classes).any() or (shown < 0).any():
+        handles.append(Patch(color=VOID_COLOUR, label="void"))
     figure.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 7), fontsize="small")
     if title:
         figure.suptitle(title)

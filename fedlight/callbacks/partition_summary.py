@@ -5,7 +5,8 @@ each class, how many clients hold a given number of classes, and the class mix o
 The callback reads the partition the data module drew (every client's training and held-out samples)
 and writes ``<run_dir>/partition_summary.png`` and ``partition_summary.json`` (the counts and the size
 statistics, e.g. the coefficient of variation Table 1's 66.7 ± 25.7 implies, 0.39); the picture also
-goes to W&B as the image ``data/partition``.
+goes to W&B as the image ``data/partition``. Each class has its colour of the run
+(:func:`~fedlight.callbacks.figures.class_colours`), the one the t-SNE and the entropy maps give it.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedlight.callbacks.base import RoundCallback
-from fedlight.callbacks.figures import matplotlib_problem
-from fedlight.data.labels import VOC_CLASSES, voc_colormap
+from fedlight.callbacks.figures import class_colours, matplotlib_problem
 from fedlight.data.partition.summary import partition_statistics, plot_partition_summary
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class PartitionSummary(RoundCallback):
     Args:
         max_clients: clients shown in the class-mix panel, drawn at random (Fig. S1: 30).
         class_names: names of the partition labels; ``null`` takes the dataset's ``partition_classes``
-            (Pascal VOC's and the scenes' name them), else the label numbers. VOC classes get VOC's colours.
+            (Pascal VOC's and the scenes' name them), else the label numbers.
     """
 
     def __init__(self, max_clients: int = 30, class_names: list[str] | None = None) -> None:
@@ -54,16 +54,14 @@ class PartitionSummary(RoundCallback):
         labels = data.pool.partition_labels()
         held_out, groups = data.held_out_index.cpu().numpy(), data.held_out_group.cpu().numpy()
         parts = [np.concatenate([ix.cpu().numpy(), held_out[groups == k]]) for k, ix in enumerate(data.client_train)]
-        num_classes = int(labels.max()) + 1
-        stats = partition_statistics(labels, parts, num_classes)
         names = list(self.class_names or getattr(data.dataset, "partition_classes", ()))
+        # as many colours as the run's other figures use, so that a class looks the same in all of them
+        num_classes = max(int(labels.max()) + 1, len(names), data.num_classes)
         names += [str(c) for c in range(len(names), num_classes)]
-        palette, others = voc_colormap(), np.random.default_rng(0).integers(0, 256, (num_classes, 3), dtype=np.uint8)
-        voc_colors = [palette[VOC_CLASSES.index(n)] if n in VOC_CLASSES else others[c] for c, n in enumerate(names)]
-        colors = np.stack(voc_colors)
-        path = plot_partition_summary(
-            stats, context.run_dir / "partition_summary.png", names, colors, self.max_clients, title=context.name
-        )
+        stats = partition_statistics(labels, parts, num_classes)
+        path = context.run_dir / "partition_summary.png"
+        colours = class_colours(num_classes)
+        plot_partition_summary(stats, path, names, colours, self.max_clients, title=context.name)
         summary = stats.summary()
         record = {"summary": summary, "class_names": names, "counts": stats.counts.tolist()}
         (context.run_dir / "partition_summary.json").write_text(json.dumps(record, indent=1))

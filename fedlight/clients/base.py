@@ -57,6 +57,9 @@ class FederatedClient(LightningModule):
 
     #: Keys of the evaluation metric's output that are logged for the global test set as ``test/<key>``.
     test_metrics: tuple[str, ...] = ("acc", "loss")
+    #: Names of the data's classes 0…C−1 (None: numbered), set by the trainer at set-up from ``--data``; per-class
+    #: scores are named after them.
+    class_names: tuple[str, ...] | None = None
     #: Set by the trainer before every ``configure_optimizers`` call.
     local_fit: LocalFit | None = None
     #: Names of submodules that are frozen (not trained, not federated), e.g. ``("backbone",)``.

@@ -4,7 +4,8 @@ Table 1's segmentation protocol: DeepLab-V3+ with an ImageNet MobileNet-V2 encod
 lr 1e-4 and weight decay 4e-5, the learning rate decayed polynomially with power 0.9 over the run.
 Augmentation (D11) belongs to the data: ``--data.train_transform`` with
 :class:`~fedlight.data.transforms.RandomScaleCropFlip`. Evaluation runs on whole images and reports mIoU
-with and without background and per-class IoU from one confusion matrix (D9).
+with and without background and per-class IoU from one confusion matrix (D9), each class's IoU named after the
+data's classes (``iou_person``), or numbered (``iou_15``) where the data have no names.
 
 Polynomial decay across rounds: the optimizer is re-created every round, so the schedule is a
 function of where a step sits in the run. Step s of the S steps of a fit in round t gets
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from fedlight.clients.base import FederatedClient, OptimizerCallable, features_and_logits
 from fedlight.data.labels import IGNORE_INDEX
 from fedlight.errors import ConfigError
-from fedlight.metrics.segmentation import GroupedSegmentation
+from fedlight.metrics.segmentation import GroupedSegmentation, iou_keys
 from fedlight.models import create_model
 
 
@@ -77,7 +78,12 @@ class SegmentationClient(FederatedClient):
         self.poly_power = poly_power
         self.ignore_index = ignore_index
         self.num_classes = num_classes
-        self.test_metrics = ("acc", "loss", "miou", "miou_fg", *(f"iou_{c}" for c in range(num_classes)))
+
+    @property
+    def test_metrics(self) -> tuple[str, ...]:
+        """Pixel accuracy, loss, mIoU with and without background, and each class's IoU named after the data's
+        classes (``iou_<class>``)."""
+        return ("acc", "loss", "miou", "miou_fg", *iou_keys(self.num_classes, self.class_names))
 
     def configure_model(self) -> None:
         """Loads pretrained encoder weights when the model has them (once, before the first round)."""
@@ -116,4 +122,4 @@ class SegmentationClient(FederatedClient):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def evaluation_metric(self, num_groups: int) -> GroupedSegmentation:
-        return GroupedSegmentation(num_groups, self.num_classes, self.ignore_index)
+        return GroupedSegmentation(num_groups, self.num_classes, self.ignore_index, self.class_names)

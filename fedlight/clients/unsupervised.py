@@ -49,6 +49,7 @@ from fedlight.clients.stego import STEGO_PRESETS, ClusterLookup, CorrespondenceW
 from fedlight.data.labels import IGNORE_INDEX
 from fedlight.data.stego_files import IMAGENET_MEAN, IMAGENET_STD
 from fedlight.errors import ConfigError
+from fedlight.metrics.segmentation import iou_keys
 from fedlight.metrics.unsupervised import ProbedUnsupervisedSegmentation
 from fedlight.models.patch_features import DINO_VITB8_URL, BackboneName, build_patch_backbone
 
@@ -153,8 +154,13 @@ class UnsupervisedSegmentationClient(FederatedClient):
         self.flip_tta = flip_tta
         self.crf, self.image_mean, self.image_std = crf, tuple(image_mean), tuple(image_std)
         self.ignore_index = ignore_index
-        self.test_metrics = ("miou", "acc", "linear/miou", "linear/acc")
         self.feature_cache: FeatureCache | None = None
+
+    @property
+    def test_metrics(self) -> tuple[str, ...]:
+        """The clusters' mIoU and accuracy, the probe's, and each class's IoU under the clusters' match, named after
+        the data's classes (``iou_<class>``)."""
+        return ("miou", "acc", "linear/miou", "linear/acc", *iou_keys(self.num_classes, self.class_names))
 
     # -- set-up ------------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -267,4 +273,4 @@ class UnsupervisedSegmentationClient(FederatedClient):
         )
 
     def evaluation_metric(self, num_groups: int) -> ProbedUnsupervisedSegmentation:
-        return ProbedUnsupervisedSegmentation(self.num_clusters, self.num_classes, self.ignore_index)
+        return ProbedUnsupervisedSegmentation(self.num_clusters, self.num_classes, self.ignore_index, self.class_names)

@@ -121,11 +121,14 @@ class FederatedDataset(ABC):
     Subclasses set ``num_classes`` and ``input_shape`` (one sample, without the batch axis) and
     implement :meth:`load_train`; :meth:`load_test` returns a separate global test set when the
     dataset has one. Without one, the union of the clients' held-out splits is the global test set,
-    as in the FedProx and prototype-margin papers.
+    as in the FedProx and prototype-margin papers. A dataset that knows its classes' names sets
+    ``class_names``, one per class in label order; per-class scores and figure legends then use them.
     """
 
     num_classes: int
     input_shape: tuple[int, ...]
+    #: the names of classes 0…C−1; None: the classes are known by their numbers only
+    class_names: tuple[str, ...] | None = None
 
     @abstractmethod
     def load_train(self) -> LabelledTensors:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
-from fedlight.data.labels import IGNORE_INDEX
+from fedlight.data.labels import CITYSCAPES_27, IGNORE_INDEX
 from fedlight.data.stego_files import StegoImages, StegoLabels
 from fedlight.errors import ConfigError
 
@@ -59,6 +59,7 @@ class CityscapesFUSS(FederatedDataset):
     """
 
     num_classes = 27
+    class_names = CITYSCAPES_27
 
     def __init__(
         self,

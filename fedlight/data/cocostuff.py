@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
-from fedlight.data.labels import IGNORE_INDEX
+from fedlight.data.labels import COCOSTUFF_27_CLASSES, IGNORE_INDEX
 from fedlight.data.stego_files import StegoImages, StegoLabels, map_files, read_label
 from fedlight.errors import ConfigError
 
@@ -66,6 +66,7 @@ class CocoStuff27(FederatedDataset):
     """
 
     num_classes = 27
+    class_names = COCOSTUFF_27_CLASSES
 
     def __init__(
         self,

@@ -105,6 +105,15 @@ class FederatedDataModule:
         return self.dataset.num_classes
 
     @property
+    def class_names(self) -> tuple[str, ...] | None:
+        """The dataset's names of classes 0…C−1, or None when it knows its classes by number only."""
+        names = getattr(self.dataset, "class_names", None)
+        if names is None:
+            return None
+        assert len(names) == self.num_classes, f"{len(names)} class names for the dataset's {self.num_classes} classes"
+        return tuple(names)
+
+    @property
     def input_shape(self) -> tuple[int, ...]:
         """One training sample's shape as the model receives it: the dataset's, cropped by ``train_transform``."""
         shape = tuple(self.dataset.input_shape)

@@ -1,7 +1,10 @@
-"""Pascal VOC's label sets: the 20 object classes, background, and MO-FedProto's macro classes.
+"""Label sets and class names: Pascal VOC's (and MO-FedProto's macro classes), Cityscapes', CrossCity's and
+CocoStuff's.
 
-Shared by :class:`~fedlight.data.PascalVOC` and the procedural :class:`~fedlight.data.Scenes`, whose
-classes carry the VOC names, so that one macro map, one colour map and one partition protocol serve both.
+Pascal VOC's are shared by :class:`~fedlight.data.PascalVOC` and the procedural :class:`~fedlight.data.Scenes`,
+whose classes carry the VOC names, so that one macro map, one colour map and one partition protocol serve both.
+The street datasets (Cityscapes, CrossCity, Mapillary, GTA5 and their twin) share Cityscapes' names. A dataset
+gives its classes' names as ``class_names``; metrics and figures name the classes after them.
 
 The macro variant (MO-FedProto, supplementary) groups the 20 classes into 4:
 person → 1, vehicles → 2, household objects → 3, animals → 4; background stays 0 and the void label 255
@@ -43,6 +46,31 @@ VOC_CLASSES = (
 )
 
 MACRO_CLASSES = ("background", "person", "vehicle", "household", "animal")
+
+#: Cityscapes' 27 classes of FUSS and STEGO: labelIds 7…33 in order, renumbered 0…26.
+CITYSCAPES_27 = (
+    "road", "sidewalk", "parking", "rail track", "building", "wall", "fence", "guard rail", "bridge",
+    "tunnel", "pole", "polegroup", "traffic light", "traffic sign", "vegetation", "terrain", "sky", "person",
+    "rider", "car", "truck", "bus", "caravan", "trailer", "train", "motorcycle", "bicycle",
+)  # fmt: skip
+#: Cityscapes' 19 evaluated classes (its trainIds 0…18), LADD's for Cityscapes, Mapillary and GTA5.
+CITYSCAPES_19_CLASSES = (
+    "road", "sidewalk", "building", "wall", "fence", "pole", "traffic light", "traffic sign", "vegetation",
+    "terrain", "sky", "person", "rider", "car", "truck", "bus", "train", "motorcycle", "bicycle",
+)  # fmt: skip
+#: CrossCity's 13 classes, those of Cityscapes' 19 that its labels hold.
+CROSSCITY_13_CLASSES = (
+    "road", "sidewalk", "building", "traffic light", "traffic sign", "vegetation", "sky", "person", "rider", "car",
+    "bus", "motorcycle", "bicycle",
+)  # fmt: skip
+#: CocoStuff's 27 coarse classes in STEGO's order: 12 thing and 15 stuff supercategories. STEGO calls classes 14
+#: and 15 "food" and "furniture" like the things 2 and 3; they take COCO-Stuff's stuff names so that every
+#: class has its own.
+COCOSTUFF_27_CLASSES = (
+    "electronic", "appliance", "food", "furniture", "indoor", "kitchen", "accessory", "animal", "outdoor", "person",
+    "sports", "vehicle", "ceiling", "floor", "food-stuff", "furniture-stuff", "rawmaterial", "textile", "wall",
+    "window", "building", "ground", "plant", "sky", "solid", "structural", "water",
+)  # fmt: skip
 
 _MACRO_GROUPS = {
     "person": ("person",),

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from fedlight.data.base import FederatedDataset, LabelledTensors, LazySamples, PairedSamples
-from fedlight.data.labels import IGNORE_INDEX
+from fedlight.data.labels import CITYSCAPES_19_CLASSES, CROSSCITY_13_CLASSES, IGNORE_INDEX
 from fedlight.errors import ConfigError
 
 #: Cityscapes label ids → the 19 train ids (``dataset/target/cityscapes.py`` of LADD).
@@ -231,7 +231,8 @@ class _SplitDataset(FederatedDataset):
     name: str  # folder under root
     images_dir: str  # under root/<name>/data
     labels_dir: str
-    mapping: dict[int, int]
+    mapping: dict[int, int]  # label id → class
+    class_names: tuple[str, ...]  # of the classes the mapping gives
 
     def __init__(self, root: str, size: tuple[int, int], test_size: tuple[int, int] | None, num_workers: int) -> None:
         self.root = Path(root).expanduser()
@@ -315,7 +316,7 @@ class CityscapesFFREEDA(_SplitDataset):
     """
 
     name, images_dir, labels_dir, split_dir = "cityscapes", "leftImg8bit", "gtFine", "heterogeneous"
-    mapping = CITYSCAPES_19
+    mapping, class_names = CITYSCAPES_19, CITYSCAPES_19_CLASSES
 
     def __init__(
         self, root: str, size: tuple[int, int] = (1024, 2048), test_size: tuple[int, int] | None = (1024, 2048),
@@ -349,7 +350,7 @@ class CrossCity(_SplitDataset):
     """
 
     name, images_dir, labels_dir, split_dir = "crosscity", "cities", "cities", "by_city_cpc0_ms27_me10"
-    mapping = CROSSCITY_13
+    mapping, class_names = CROSSCITY_13, CROSSCITY_13_CLASSES
 
     def __init__(
         self, root: str, size: tuple[int, int] = (1024, 2048), test_size: tuple[int, int] | None = None,
@@ -383,6 +384,7 @@ class Mapillary(_SplitDataset):
     """
 
     name, images_dir, labels_dir, split_dir, mapping = "mapillary", "", "", "clustering", MAPILLARY_19
+    class_names = CITYSCAPES_19_CLASSES
 
     def __init__(
         self, root: str, size: tuple[int, int] = (512, 1024), test_size: tuple[int, int] | None = None,
@@ -444,6 +446,7 @@ class GTA5(_SplitDataset):
         num_workers: int = 4,
     ) -> None:
         self.mapping = CROSSCITY_13 if target == "crosscity" else CITYSCAPES_19
+        self.class_names = CROSSCITY_13_CLASSES if target == "crosscity" else CITYSCAPES_19_CLASSES
         super().__init__(root, size, None, num_workers)
         self.split = split
         self.evaluate_on = evaluate_on

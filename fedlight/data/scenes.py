@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
-from fedlight.data.labels import IGNORE_INDEX, VOC_CLASSES, LabelSet, macro_lookup
+from fedlight.data.labels import IGNORE_INDEX, VOC_CLASSES, LabelSet, class_names, macro_lookup
 from fedlight.errors import ConfigError
 
 _NUM_SHAPES, _NUM_TEXTURES = 5, 4
@@ -108,6 +108,8 @@ class Scenes(FederatedDataset):
         self.seed = seed
         num_labels = 4 if label_set == "macro" else num_object_classes
         self.num_classes = num_labels + (mode == "segmentation")
+        # background (class 0) is a class of the label maps only; classification numbers the objects from 0
+        self.class_names = class_names(label_set)[: num_labels + 1][mode == "classification" :]
         self.input_shape = (3, image_size, image_size)
         #: the name of every partition label: VOC's numbering (background first) or, to classify, the objects only
         self.partition_classes = VOC_CLASSES[: num_object_classes + 1][mode == "classification" :]

@@ -32,14 +32,9 @@ import numpy as np
 import torch
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
+from fedlight.data.labels import CITYSCAPES_27
 from fedlight.errors import ConfigError
 
-#: Cityscapes' 27 classes of FUSS and STEGO: labelIds 7…33 in order, renumbered 0…26.
-CITYSCAPES_27 = (
-    "road", "sidewalk", "parking", "rail track", "building", "wall", "fence", "guard rail", "bridge",
-    "tunnel", "pole", "polegroup", "traffic light", "traffic sign", "vegetation", "terrain", "sky", "person",
-    "rider", "car", "truck", "bus", "caravan", "trailer", "train", "motorcycle", "bicycle",
-)  # fmt: skip
 #: The 12 classes of the small variant (names of CITYSCAPES_27), in this order.
 STREET_12 = (
     "road", "sidewalk", "building", "wall", "fence", "pole", "traffic sign", "vegetation", "terrain", "sky",

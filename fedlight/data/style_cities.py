@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
+from fedlight.data.labels import VOC_CLASSES
 from fedlight.data.scenes import render_scenes
 from fedlight.errors import ConfigError
 
@@ -189,6 +190,7 @@ class StyleCities(FederatedDataset):
         self.normalise = normalise
         self.seed = seed
         self.num_classes = num_object_classes + 1
+        self.class_names = VOC_CLASSES[: self.num_classes]  # background, then the scenes' VOC objects
         self.input_shape = (3, image_size, image_size)
 
     def load_train(self) -> LabelledTensors:

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from fedlight.data.base import FederatedDataset, LabelledTensors, LazySamples
-from fedlight.data.labels import IGNORE_INDEX, VOC_CLASSES, LabelSet, macro_lookup
+from fedlight.data.labels import IGNORE_INDEX, VOC_CLASSES, LabelSet, class_names, macro_lookup
 from fedlight.errors import ConfigError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -90,6 +90,7 @@ class PascalVOC(FederatedDataset):
         self.canvas_size = canvas_size
         self.num_workers = num_workers
         self.num_classes = 5 if label_set == "macro" else 21
+        self.class_names = class_names(label_set)
         self.input_shape = (3, canvas_size, canvas_size)
         self.partition_classes = VOC_CLASSES  #: the partition labels are the fine VOC classes in both label sets
 

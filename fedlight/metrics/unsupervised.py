@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 from torchmetrics import Metric
 
 from fedlight.metrics.functional.segmentation import confusion_matrix, mean_iou, pixel_accuracy
 from fedlight.metrics.functional.unsupervised import cluster_histogram, matched_scores
+from fedlight.metrics.segmentation import iou_keys
 
 
 class UnsupervisedSegmentation(Metric):
@@ -49,15 +52,17 @@ class UnsupervisedSegmentation(Metric):
 class ProbedUnsupervisedSegmentation(Metric):
     """FUSS's two evaluations in one pass: the clusters (Hungarian-matched) and a supervised linear probe.
 
-    The cluster scores (``miou``, ``acc``) are the unsupervised result; the probe's (``linear/miou``,
-    ``linear/acc``) come from a 1×1 classifier trained on detached codes with ground-truth labels, which
-    STEGO reports as a separate, supervised measure of the codes. Both states are sums: a ``[K, C]``
+    The cluster scores (``miou``, ``acc`` and each class's IoU, ``iou_<class>``) are the unsupervised result; the
+    probe's (``linear/miou``, ``linear/acc``) come from a 1×1 classifier trained on detached codes with ground-truth
+    labels, which STEGO reports as a separate, supervised measure of the codes. Both states are sums: a ``[K, C]``
     cluster×class histogram and a ``[C, C]`` confusion matrix.
 
     Args:
         num_clusters: number of clusters K.
         num_classes: number of true classes C.
         ignore_index: label of void pixels.
+        class_names: the names of the classes, which name their IoU (:func:`~fedlight.metrics.segmentation.iou_keys`);
+            None numbers them.
 
     >>> metric = ProbedUnsupervisedSegmentation(num_clusters=2, num_classes=2)
     >>> target = torch.tensor([[0, 0, 1, 1]])
@@ -69,9 +74,17 @@ class ProbedUnsupervisedSegmentation(Metric):
 
     full_state_update = False
 
-    def __init__(self, num_clusters: int, num_classes: int, ignore_index: int = 255, **kwargs) -> None:
+    def __init__(
+        self,
+        num_clusters: int,
+        num_classes: int,
+        ignore_index: int = 255,
+        class_names: Sequence[str] | None = None,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         self.num_clusters, self.num_classes, self.ignore_index = num_clusters, num_classes, ignore_index
+        self.iou_keys = iou_keys(num_classes, class_names)
         histogram = torch.zeros(num_clusters, num_classes, dtype=torch.float64)  # [K, C]
         confmat = torch.zeros(num_classes, num_classes, dtype=torch.float64)  # [C, C], rows: true class
         self.add_state("histogram", default=histogram, dist_reduce_fx="sum")
@@ -89,4 +102,5 @@ class ProbedUnsupervisedSegmentation(Metric):
             "acc": scores["acc"],
             "linear/miou": mean_iou(self.confmat),
             "linear/acc": pixel_accuracy(self.confmat),
+            **dict(zip(self.iou_keys, scores["iou"], strict=True)),
         }

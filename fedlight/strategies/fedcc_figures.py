@@ -14,16 +14,21 @@ Two pictures show whether that happens in a run:
   client, the server's rows drawn as black crosses. FedCC-kMeans puts a server row in the middle of every
   group of client rows; FedCC-Maximin picks rows among them; FedAvg's rows may fall between groups.
 
-:func:`centroid_maps` computes both and :func:`plot_centroid_maps` draws them (matplotlib imported there).
+:func:`centroid_maps` computes both and :func:`centroid_figure` draws them (matplotlib imported there);
+:func:`plot_centroid_maps` saves the picture.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from scipy.spatial.distance import cdist
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def pooled_rows(clients: dict[int, torch.Tensor], server: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -57,19 +62,20 @@ def centroid_maps(clients: dict[int, torch.Tensor], server: torch.Tensor, seed: 
     return {"rows": rows, "owners": owners, "distances": distances, "embedding": embedding}
 
 
-def plot_centroid_maps(maps: dict[str, np.ndarray], path: str | Path, title: str = "") -> Path:
-    """Draws :func:`centroid_maps`' output side by side into ``path`` (a PNG)."""
-    import matplotlib
+def centroid_figure(maps: dict[str, np.ndarray], title: str = "") -> Figure:
+    """:func:`centroid_maps`' output side by side, as a matplotlib figure: each client in a colour of its own
+    (:func:`~fedlight.callbacks.figures.class_colours` over the clients, so 18 clients get 18 colours)."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from fedlight.callbacks.figures import class_colours
 
     owners, embedding = maps["owners"], maps["embedding"]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 5.5))
-    colours = plt.get_cmap("tab10")
-    for k in np.unique(owners[owners >= 0]):
+    figure = Figure(figsize=(12, 5.5), layout="tight")
+    left, right = figure.subplots(1, 2)
+    clients = np.unique(owners[owners >= 0])
+    for k, colour in zip(clients, class_colours(len(clients)), strict=True):
         points = embedding[owners == k]
-        left.scatter(points[:, 0], points[:, 1], s=14, color=colours(int(k) % 10), label=f"client {k}")
+        left.scatter(points[:, 0], points[:, 1], s=14, color=colour, label=f"client {k}")
     server = embedding[owners == -1]
     left.scatter(server[:, 0], server[:, 1], s=60, marker="x", color="black", label="server")
     left.legend(fontsize=7, loc="best")
@@ -84,8 +90,11 @@ def plot_centroid_maps(maps: dict[str, np.ndarray], path: str | Path, title: str
     right.set_title("cosine distance (clients in order, server last)")
     figure.colorbar(image, ax=right, fraction=0.046)
     figure.suptitle(title)
-    figure.tight_layout()
+    return figure
+
+
+def plot_centroid_maps(maps: dict[str, np.ndarray], path: str | Path, title: str = "") -> Path:
+    """Draws :func:`centroid_figure` into ``path`` (a PNG) and returns ``path``."""
     path = Path(path)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    centroid_figure(maps, title).savefig(path, dpi=110)
     return path

@@ -11,7 +11,7 @@ from fedlight.callbacks.entropy_maps import entropy_figure
 from fedlight.callbacks.tsne import tsne_figure
 from fedlight.clients import SegmentationClient
 from fedlight.data import FederatedDataModule, Scenes
-from fedlight.data.labels import MACRO_CLASSES, voc_colormap
+from fedlight.data.labels import MACRO_CLASSES, VOC_CLASSES
 from fedlight.data.partition import DirichletPowerLaw
 from fedlight.strategies import FedAvg
 from fedlight.trainer import FederatedTrainer
@@ -64,8 +64,9 @@ def test_figure_titles_its_columns_and_scales_the_entropies():
     assert figure.get_suptitle() == "run, round 3"
     cell = [a.images[0].get_array() for a in axes[:10]]
     assert np.allclose(cell[0][..., 0], 1) and np.allclose(cell[0][..., 1:], 0)  # input: red
-    assert np.array_equal(cell[1], voc_colormap()[y[0].numpy()])  # ground truth, void in VOC's cream
-    assert np.array_equal(cell[2], voc_colormap()[np.ones((4, 4), dtype=int)])
+    tab10 = np.array([colormaps["tab10"](c) for c in range(5)])  # the 5 macro classes' colours
+    assert np.array_equal(cell[1][0], [tab10[0], tab10[4], (0, 0, 0, 1), tab10[1]])  # ground truth, void black
+    assert np.array_equal(cell[2], np.broadcast_to(tab10[1], (4, 4, 4)))
     h_s, h_e = axes[3].images[0], axes[4].images[0]
     assert h_s.get_cmap().name == h_e.get_cmap().name == "viridis"
     assert h_s.get_clim() == pytest.approx((0, math.log(5))) and h_e.get_clim() == pytest.approx((0, math.log(8)))
@@ -80,7 +81,7 @@ def test_figure_titles_its_columns_and_scales_the_entropies():
 def test_tsne_colours_are_distinct_and_named():
     rng = np.random.default_rng(0)
     labels = np.repeat(np.arange(10), 6)  # the digits' 64-point case: a few points per class
-    figure = tsne_figure(rng.normal(size=(60, 2)), labels, num_classes=10, title="digits")
+    figure = tsne_figure(rng.normal(size=(60, 2)), labels, [str(c) for c in range(10)], title="digits")
     (axis,) = figure.axes
     colours = np.array([collection.get_facecolor()[0][:3] for collection in axis.collections])
     assert np.allclose(colours, [colormaps["tab10"](c)[:3] for c in range(10)])  # matplotlib's qualitative map
@@ -88,6 +89,6 @@ def test_tsne_colours_are_distinct_and_named():
     assert distances[~np.eye(10, dtype=bool)].min() > 0.15  # no two classes share a look-alike colour
     assert [t.get_text() for t in axis.get_legend().get_texts()] == [str(c) for c in range(10)]
     assert all(collection.get_sizes()[0] >= 20 for collection in axis.collections)  # few points: large markers
-    twenty = tsne_figure(rng.normal(size=(40, 2)), np.repeat(np.arange(1, 21), 2), num_classes=21)
+    twenty = tsne_figure(rng.normal(size=(40, 2)), np.repeat(np.arange(1, 21), 2), VOC_CLASSES)
     fine = np.array([c.get_facecolor()[0][:3] for c in twenty.axes[0].collections])
     assert len(np.unique(fine.round(4), axis=0)) == 20

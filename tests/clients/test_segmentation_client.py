@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fedlight.clients import LocalFit, SegmentationClient
-from fedlight.data import FederatedDataModule, Scenes
+from fedlight.data import FederatedDataModule, FederatedDataset, LabelledTensors, Scenes
 from fedlight.data.partition import DirichletPowerLaw
 from fedlight.data.transforms import RandomScaleCropFlip
 from fedlight.strategies import FedAvg
@@ -61,6 +61,30 @@ def test_a_federated_run_reports_segmentation_scores(tmp_path):
     settings = {"logger": "csv", "enable_progress_bar": False, "default_root_dir": tmp_path}
     trainer = FederatedTrainer(rounds=1, clients_per_round=2, local_epochs=1, **settings)
     metrics = trainer.fit(_client(num_classes=5), data, FedAvg())
-    for key in ("test/miou", "test/miou_fg", "test/acc", "test/iou_0", "clients/miou", "clients/miou_mean"):
+    for key in ("test/miou", "test/miou_fg", "test/acc", "test/iou_background", "clients/miou", "clients/miou_mean"):
         assert key in metrics and math.isfinite(metrics[key]), key
     assert 0.0 <= metrics["test/miou"] <= 1.0
+    # the macro scenes name their classes: each class's IoU is logged under its name, for the test set and the clients
+    names = ("background", "person", "vehicle", "household", "animal")
+    for split in ("test", "clients"):
+        assert sorted(key for key in metrics if key.startswith(f"{split}/iou_")) == sorted(
+            f"{split}/iou_{name}" for name in names
+        )
+
+
+class UnnamedScenes(FederatedDataset):
+    """Scenes whose classes have no names, as a dataset that knows only their number."""
+
+    def __init__(self, scenes: Scenes) -> None:
+        self.scenes, self.num_classes, self.input_shape = scenes, scenes.num_classes, scenes.input_shape
+
+    def load_train(self) -> LabelledTensors:
+        return self.scenes.load_train()
+
+
+def test_classes_without_names_are_scored_by_number(tmp_path):
+    scenes = UnnamedScenes(Scenes(num_samples=16, image_size=32, label_set="macro"))
+    data = FederatedDataModule(scenes, DirichletPowerLaw(num_clients=2, alpha=1.0), batch_size=8)
+    settings = {"logger": "csv", "enable_progress_bar": False, "default_root_dir": tmp_path}
+    metrics = FederatedTrainer(rounds=1, clients_per_round=1, local_steps=1, **settings).fit(_client(), data, FedAvg())
+    assert sorted(key for key in metrics if key.startswith("test/iou_")) == [f"test/iou_{c}" for c in range(5)]

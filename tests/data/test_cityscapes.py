@@ -55,6 +55,8 @@ def test_a_federated_round_on_three_city_clients(tmp_path, root):
     assert data.num_samples.tolist() == [30, 30, 30]
     assert len(data.test) == 2 and data.test.inputs.shape == (2, 3, 24, 24)
     assert 0.0 <= metrics["test/miou"] <= 1.0 and "test/linear/miou" in metrics
+    assert {"test/iou_road", "test/iou_traffic_light", "test/iou_bicycle"} <= set(metrics)  # Cityscapes' names
+    assert "test/iou_0" not in metrics
 
 
 def test_a_missing_root_says_what_to_download_and_where(tmp_path):

@@ -58,6 +58,7 @@ def test_a_federated_round_on_dominant_label_dirichlet_clients(tmp_path, root):
     data, metrics = one_round(tmp_path, dataset, 2, Dirichlet(num_clients=2, alpha=0.5, min_size=3))
     assert data.num_samples.sum() == 20 and len(data.test) == 3
     assert 0.0 <= metrics["test/acc"] <= 1.0
+    assert {"test/iou_person", "test/iou_food", "test/iou_food_stuff", "test/iou_water"} <= set(metrics)
 
 
 def test_a_missing_root_says_what_to_download(tmp_path):

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from fedlight.data import FederatedDataModule, Scenes
+from fedlight.data import Digits, FederatedDataModule, Scenes, StyleCities
 from fedlight.data.base import FederatedDataset, LabelledTensors, LazySamples
 from fedlight.data.partition import DirichletPowerLaw
 from fedlight.data.transforms import RandomScaleCropFlip
@@ -125,3 +125,15 @@ def test_return_index_names_each_training_image_in_the_pool() -> None:
             assert torch.equal(x, px) and torch.equal(y, py)  # the same batches, only named
             seen += index.tolist()
         assert sorted(seen) == data.client_train[client].tolist()
+
+
+def test_the_data_name_their_classes_in_label_order() -> None:
+    fine = FederatedDataModule(Scenes(num_object_classes=4, num_samples=8, image_size=16))
+    assert fine.class_names == ("background", "aeroplane", "bicycle", "bird", "boat")
+    macro = FederatedDataModule(Scenes(label_set="macro", num_samples=8, image_size=16))
+    assert macro.class_names == ("background", "person", "vehicle", "household", "animal")
+    objects = FederatedDataModule(Scenes(mode="classification", num_object_classes=3, num_samples=8, image_size=16))
+    assert objects.class_names == ("aeroplane", "bicycle", "bird")  # no background to classify
+    cities = FederatedDataModule(StyleCities(num_object_classes=2, num_clients_per_city=1, num_source_samples=4))
+    assert cities.class_names == ("background", "aeroplane", "bicycle")
+    assert FederatedDataModule(Digits()).class_names is None  # known by number only

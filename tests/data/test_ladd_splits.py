@@ -9,7 +9,8 @@ from PIL import Image
 
 from fedlight.clients import SelfTrainingClient
 from fedlight.data import FederatedDataModule
-from fedlight.data.ladd_splits import GTA5, CityscapesFFREEDA, CrossCity, Mapillary
+from fedlight.data.labels import CITYSCAPES_19_CLASSES, CITYSCAPES_27, CROSSCITY_13_CLASSES
+from fedlight.data.ladd_splits import CITYSCAPES_19, CROSSCITY_13, GTA5, CityscapesFFREEDA, CrossCity, Mapillary
 from fedlight.data.partition import Natural
 from fedlight.errors import ConfigError
 from fedlight.strategies import LADD
@@ -285,3 +286,14 @@ def test_a_federated_ladd_round_on_mapillary_images_of_different_sizes(tmp_path)
     assert x.shape == (1, 3, H, W) and y.shape == (1, H, W) and set(y.unique().tolist()) <= {0, 13}
     _, metrics = _ladd_fit(data, tmp_path, num_classes=19, cluster_layers="bn", rounds=1)
     assert metrics["round/clients_aggregated"] == 2 and 0 <= metrics["test/routed/miou"] <= 1
+
+
+def test_class_names_are_those_of_the_cityscapes_label_ids_each_mapping_keeps(tmp_path):
+    # Cityscapes' labelIds 7…33 are CITYSCAPES_27 in order; a mapping names class c after the label id it maps to c
+    for mapping, names in ((CITYSCAPES_19, CITYSCAPES_19_CLASSES), (CROSSCITY_13, CROSSCITY_13_CLASSES)):
+        by_class = {c: CITYSCAPES_27[label_id - 7] for label_id, c in mapping.items()}
+        assert tuple(by_class[c] for c in range(len(by_class))) == names
+    for dataset in (CityscapesFFREEDA(tmp_path), Mapillary(tmp_path), GTA5(tmp_path), CrossCity(tmp_path)):
+        assert FederatedDataModule(dataset).class_names == dataset.class_names
+    assert CityscapesFFREEDA(tmp_path).class_names[:3] == ("road", "sidewalk", "building")
+    assert GTA5(tmp_path, target="crosscity").class_names == CrossCity(tmp_path).class_names == CROSSCITY_13_CLASSES

@@ -1,9 +1,10 @@
 import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from fedlight.data.labels import VOC_CLASSES, voc_colormap
 from fedlight.data.partition import DirichletPowerLaw
-from fedlight.data.partition.summary import partition_statistics, plot_partition_summary
+from fedlight.data.partition.summary import partition_figure, partition_statistics, plot_partition_summary
 
 
 def _voc_like_labels(rng):
@@ -53,5 +54,19 @@ def test_counts_are_per_client_and_class():
 
 
 def test_plot_writes_a_png(by_alpha, tmp_path):
-    path = plot_partition_summary(by_alpha[0.1], tmp_path / "s1.png", VOC_CLASSES, voc_colormap(), title="alpha=0.1")
+    colours = voc_colormap()[:21] / 255
+    path = plot_partition_summary(by_alpha[0.1], tmp_path / "s1.png", VOC_CLASSES, colours, title="alpha=0.1")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_counts_tick_at_integers_only():
+    # three clients holding 1, 2 and 3 classes: a float axis would tick at 1.0, 1.5, 2.0, …
+    labels = np.array([1, 1, 2, 1, 2, 3])
+    stats = partition_statistics(labels, [np.array([0, 1]), np.array([2, 3]), np.array([4, 5, 0])], 4)
+    assert stats.classes_per_client.tolist() == [1, 2, 3]
+    figure = partition_figure(stats, VOC_CLASSES[:4], voc_colormap()[:4] / 255)
+    FigureCanvasAgg(figure).draw()
+    left, middle, _ = figure.axes
+    for ticks in (middle.get_xticks(), middle.get_yticks(), left.get_yticks()):
+        assert len(ticks) >= 2 and np.array_equal(ticks, np.round(ticks)), ticks
+    assert [t for t in middle.get_xticks() if 1 <= t <= 3] == [1, 2, 3]

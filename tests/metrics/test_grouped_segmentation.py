@@ -1,3 +1,4 @@
+import pytest
 import torch
 from torchmetrics.classification import MulticlassJaccardIndex
 
@@ -39,3 +40,16 @@ def test_states_merge_like_one_metric():
     merged, expected = first.compute(), whole.compute()
     for key in ("miou", "miou_fg", "acc", "loss", "iou_2"):
         assert torch.equal(merged[key], expected[key])
+
+
+def test_class_iou_is_named_after_the_classes_when_they_have_names():
+    preds, target = torch.tensor([[0, 1, 1, 2]]), torch.tensor([[0, 1, 2, 2]])
+    named = GroupedSegmentation(1, 3, class_names=("background", "traffic light", "Rail-Track"))
+    named.update(torch.ones(1), preds, target, torch.zeros(1, dtype=torch.long))
+    out = named.compute()
+    # IoU by hand: class 0 1/1, class 1 1/2 (one pixel right, one class-2 pixel taken for it), class 2 1/2
+    scores = [out[key].item() for key in ("iou_background", "iou_traffic_light", "iou_rail_track")]
+    assert scores == [1.0, 0.5, 0.5]
+    assert not any(key.startswith("iou_") and key[4:].isdigit() for key in out)
+    with pytest.raises(ValueError, match="one distinct name for each of the 3 classes"):
+        GroupedSegmentation(1, 3, class_names=("road", "Road", "sky"))

@@ -1,6 +1,6 @@
 import torch
 
-from fedlight.metrics import UnsupervisedSegmentation
+from fedlight.metrics import ProbedUnsupervisedSegmentation, UnsupervisedSegmentation
 from fedlight.metrics.functional.unsupervised import cluster_histogram, matched_scores
 
 
@@ -60,3 +60,16 @@ def test_probed_metric_scores_clusters_by_matching_and_the_probe_directly():
     # IoU_0 = 1/2, IoU_1 = 2/(2 + 2) (class 0's and class 2's pixels predicted 1), IoU_2 = 0
     assert abs(out["linear/miou"].item() - (0.5 + 0.5 + 0.0) / 3) < 1e-12
     assert out["linear/acc"].item() == 3 / 5
+
+
+def test_probed_scores_name_each_class_iou_under_the_clusters_match():
+    # histogram [[1, 3], [4, 1]]: cluster 0 is class 1 and cluster 1 class 0, so IoU = (4/6, 3/5)
+    clusters = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1, 1]])
+    target = torch.tensor([[0, 1, 1, 1, 0, 0, 0, 0, 1]])
+    metric = ProbedUnsupervisedSegmentation(num_clusters=2, num_classes=2, class_names=("road", "traffic light"))
+    metric.update(clusters=clusters, linear=target, target=target)
+    out = metric.compute()
+    assert abs(out["iou_road"].item() - 4 / 6) < 1e-12 and abs(out["iou_traffic_light"].item() - 3 / 5) < 1e-12
+    numbered = ProbedUnsupervisedSegmentation(num_clusters=2, num_classes=2)
+    numbered.update(clusters=clusters, linear=target, target=target)
+    assert numbered.compute()["iou_0"] == out["iou_road"]

@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from fedlight.strategies.fedcc_figures import centroid_maps, plot_centroid_maps
+from fedlight.strategies.fedcc_figures import centroid_figure, centroid_maps, plot_centroid_maps
 
 
 def test_distances_are_cosine_distances_of_the_pooled_rows_in_raw_order():
@@ -25,3 +25,13 @@ def test_the_picture_is_written(tmp_path):
     maps = centroid_maps({0: torch.randn(4, 3), 1: torch.randn(4, 3)}, torch.randn(4, 3))
     path = plot_centroid_maps(maps, tmp_path / "centroids.png", "test")
     assert path.is_file() and path.stat().st_size > 1000
+
+
+def test_every_client_has_a_colour_of_its_own():
+    # FUSS's Cityscapes runs have 18 clients: colours must not repeat after ten
+    torch.manual_seed(0)
+    maps = centroid_maps({k: torch.randn(2, 3) for k in range(12)}, torch.randn(2, 3))
+    clients = centroid_figure(maps).axes[0].collections[:-1]  # the server's crosses come last
+    assert [c.get_label() for c in clients] == [f"client {k}" for k in range(12)]
+    colours = np.array([c.get_facecolor()[0] for c in clients])
+    assert len(np.unique(colours.round(4), axis=0)) == 12

@@ -166,7 +166,12 @@ def test_routed_metrics_score_each_test_image_with_the_cluster_nearest_its_style
         group = torch.zeros(int(chosen.sum()), dtype=torch.long)
         with torch.no_grad():
             metric.update(**member.validation_step((x[chosen], test.targets[chosen], group), 0))
-    assert metrics["test/routed/miou"] == pytest.approx(metric.compute()["miou"].item(), abs=1e-9)
+    routed = metric.compute()
+    assert metrics["test/routed/miou"] == pytest.approx(routed["miou"].item(), abs=1e-9)
+    # each class's routed IoU too, named after the style cities' classes
+    for name in ("background", "aeroplane", "bicycle"):
+        key = f"iou_{name}"
+        assert metrics[f"test/routed/{key}"] == pytest.approx(routed[key].item(), abs=1e-9, nan_ok=True)
     assert metrics["test/routed/loss"] != pytest.approx(metrics["test/loss"], abs=1e-6)
     assert len(set(routes.tolist())) > 1  # the test cities do go to different clusters
 

@@ -2,8 +2,9 @@
 
 MO-FedProto's Fig. S1 shows, for each α of the Pascal VOC partition, (1) how many clients hold each
 class, (2) how many clients hold a given number of classes and (3) the class mix of 30 random clients.
-:func:`partition_statistics` computes the numbers and :func:`plot_partition_summary` draws those three
-panels; :class:`~fedlight.callbacks.PartitionSummary` saves and logs them at the start of a run.
+:func:`partition_statistics` computes the numbers and :func:`partition_figure` draws those three panels
+(:func:`plot_partition_summary` into a PNG); :class:`~fedlight.callbacks.PartitionSummary` saves and logs them
+at the start of a run.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 @dataclass
@@ -79,37 +84,33 @@ def partition_statistics(labels: np.ndarray, parts: Sequence[np.ndarray], num_cl
     return PartitionStatistics(counts=counts.astype(np.int64))
 
 
-def plot_partition_summary(
+def partition_figure(
     stats: PartitionStatistics,
-    path: str | Path,
     class_names: Sequence[str],
     colors: np.ndarray,
     max_clients: int = 30,
     seed: int = 0,
     title: str = "",
-) -> Path:
-    """Draws Fig. S1's three panels for one partition into a PNG.
+) -> Figure:
+    """Fig. S1's three panels for one partition, as a matplotlib figure.
+
+    Counts (clients, classes on a client) are integers, so their axes tick at integers only.
 
     Args:
         stats: the partition's statistics.
-        path: the PNG to write.
         class_names: ``[C]`` names of the classes.
-        colors: ``[C, 3]`` uint8 colour of each class (VOC's colour map for VOC classes).
+        colors: ``[C, 3]`` or ``[C, 4]`` RGB(A) colour of each class in [0, 1].
         max_clients: clients shown in the class-mix panel, drawn at random (Fig. S1: 30).
         seed: seed of that draw.
         title: the figure's title (e.g. the α of the partition).
-
-    Returns:
-        ``path``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     held = np.flatnonzero(stats.counts.sum(axis=0) > 0)  # the classes the pool has (no background in VOC labels)
-    figure, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.2))
-    left.bar(range(len(held)), stats.clients_per_class[held], color=colors[held] / 255.0, edgecolor="black")
+    figure = Figure(figsize=(16, 4.2), layout="tight")
+    left, middle, right = figure.subplots(1, 3)
+    left.bar(range(len(held)), stats.clients_per_class[held], color=colors[held], edgecolor="black")
     left.set_xticks(range(len(held)), [class_names[c] for c in held], rotation=70, fontsize=7)
     left.set_ylabel("clients holding the class")
     left.set_title("clients per class")
@@ -120,13 +121,15 @@ def plot_partition_summary(
     middle.set_xlabel("classes on a client")
     middle.set_ylabel("clients")
     middle.set_title("clients by number of classes")
+    for axis in (left.yaxis, middle.xaxis, middle.yaxis):
+        axis.set_major_locator(MaxNLocator(integer=True))
 
     rng = np.random.default_rng(seed)
     shown = np.sort(rng.choice(len(stats.counts), size=min(max_clients, len(stats.counts)), replace=False))
     shares = stats.counts[shown] / np.maximum(stats.sizes[shown], 1)[:, None]  # [K', C]
     bottom = np.zeros(len(shown))
     for c in held:
-        right.bar(range(len(shown)), shares[:, c], bottom=bottom, color=colors[c] / 255.0, width=0.9)
+        right.bar(range(len(shown)), shares[:, c], bottom=bottom, color=colors[c], width=0.9)
         bottom += shares[:, c]
     right.set_xticks(range(len(shown)), [str(k) for k in shown], rotation=90, fontsize=6)
     right.set_xlabel("client")
@@ -138,9 +141,20 @@ def plot_partition_summary(
         f"{title}  {summary['clients']:.0f} clients, {summary['samples']:.0f} samples, "
         f"{summary['size_mean']:.1f} ± {summary['size_std']:.1f} per client (CV {summary['size_cv']:.2f})".strip()
     )
-    figure.tight_layout()
+    return figure
+
+
+def plot_partition_summary(
+    stats: PartitionStatistics,
+    path: str | Path,
+    class_names: Sequence[str],
+    colors: np.ndarray,
+    max_clients: int = 30,
+    seed: int = 0,
+    title: str = "",
+) -> Path:
+    """Draws :func:`partition_figure` into a PNG at ``path`` and returns ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    partition_figure(stats, class_names, colors, max_clients, seed, title).savefig(path, dpi=110)
     return path
