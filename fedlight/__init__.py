@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 #: public name → the module that defines it. Base classes stay in their packages (``fedlight.clients.FederatedClient``,
 #: ``fedlight.strategies.Strategy``), where configs and ``--help`` name them.
 _NAMES = {
-    "FederatedTrainer": "fedlight.trainer",
+    "FederatedTrainer": "fedlight.engine.trainer",
     "FederatedDataModule": "fedlight.data.datamodule",
     "ConfigError": "fedlight.errors",
     "read_weights": "fedlight.checkpoint",
@@ -52,9 +52,9 @@ if TYPE_CHECKING:
     from fedlight import callbacks, checkpoint, cli, clients, data, metrics, models, strategies
     from fedlight.checkpoint import read_weights
     from fedlight.data.datamodule import FederatedDataModule
+    from fedlight.engine.trainer import FederatedTrainer
     from fedlight.errors import ConfigError
     from fedlight.models.registry import create_model, list_models
-    from fedlight.trainer import FederatedTrainer
 
 
 def __getattr__(name: str) -> Any:

@@ -37,10 +37,10 @@ from fedlight import checkpoint as ckpt_io
 from fedlight import compare
 from fedlight.clients.base import FederatedClient
 from fedlight.data.datamodule import FederatedDataModule
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError, RunInterrupted
 from fedlight.models import list_models
 from fedlight.strategies.base import Strategy
-from fedlight.trainer import FederatedTrainer
 
 MAX_SEED = 2**32 - 1
 

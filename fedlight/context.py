@@ -90,27 +90,27 @@ class RunContext:
     # -- models and data -------------------------------------------------------------------------------
     @property
     def module(self) -> LightningModule:
-        return self._engine.module
+        return self._engine.model.module
 
     @property
     def layout(self) -> FlatState:
-        return self._engine.layout
+        return self._engine.model.layout
 
     @property
     def bank(self) -> ModelBank:
-        return self._engine.bank
+        return self._engine.model.bank
 
     @property
     def global_state(self) -> torch.Tensor:
-        return self._engine.global_state
+        return self._engine.model.global_state
 
     @property
     def global_integers(self) -> dict[str, torch.Tensor]:
-        return self._engine.global_integers
+        return self._engine.model.integers
 
     def global_module(self) -> LightningModule:
         """The resident module with W^t loaded, in eval mode; the next local fit loads its own state into it."""
-        return self._engine.global_module()
+        return self._engine.model.evaluation_module()
 
     @property
     def datamodule(self) -> FederatedDataModule:
@@ -118,7 +118,7 @@ class RunContext:
 
     @property
     def precision(self) -> Precision:
-        return self._engine.precision
+        return self._engine.fabric.strategy.precision
 
     # -- processes -------------------------------------------------------------------------------------
     @property
@@ -143,7 +143,7 @@ class RunContext:
         """Every process's ``obj``, in rank order."""
         if self.world_size == 1:
             return [obj]
-        return self._engine.all_gather_objects(obj)
+        return all_gather_objects(obj, self.world_size)
 
     def map_clients(self, fn: Callable[[int], T], clients: Sequence[int]) -> list[T]:
         """``[fn(k) for k in clients]``, each computed by one process and handed to all of them.
@@ -180,22 +180,29 @@ class RunContext:
         ``full_batches`` an epoch's short last batch is skipped, unless it is all the client has. For
         warm-ups before the first round (FedSLS's static weights); returns the number of steps.
         """
-        return self._engine.local_train(module or self.module, client, epochs, seed, full_batches)
+        return self._engine.training.train_outside_rounds(module or self.module, client, epochs, seed, full_batches)
 
     # -- randomness ------------------------------------------------------------------------------------
     def round_rng(self, round_idx: int) -> np.random.Generator:
         """The generator of round ``round_idx``'s server-side draws (sampling, stragglers)."""
-        return self._engine.round_rng(round_idx)
+        return self._engine.streams.round_rng(round_idx)
 
     def strategy_rng(self, round_idx: int) -> np.random.Generator:
         """A generator for a strategy's own server-side draws in round ``round_idx``."""
-        return self._engine.strategy_rng(round_idx)
+        return self._engine.streams.strategy_rng(round_idx)
 
     def client_seed(self, round_idx: int, client: int) -> int:
         """The seed of client ``client``'s stream in round ``round_idx``."""
-        return self._engine.client_seed(round_idx, client)
+        return self._engine.streams.client_seed(round_idx, client)
 
     # -- output ----------------------------------------------------------------------------------------
     def log_images(self, images: dict[str, list[Any]], step: int) -> None:
         """Sends images (file paths, arrays or PIL images) to W&B under their keys, from rank 0."""
-        self._engine.log_images(images, step)
+        self._engine.run_loggers.log_images(images, step)
+
+
+def all_gather_objects(obj: Any, world_size: int) -> list[Any]:
+    """``obj`` of every process, in rank order (pickled; for small objects)."""
+    gathered: list[Any] = [None] * world_size
+    torch.distributed.all_gather_object(gathered, obj)
+    return gathered

@@ -20,7 +20,7 @@ from fedlight.data import FederatedDataModule
 from fedlight.data.base import FederatedDataset, LabelledTensors
 from fedlight.errors import ConfigError
 from fedlight.strategies import ClusteredFedAvg
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = [10, 20, 30]

@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from fedlight.batched import BatchedLocalFit, batching_blocker
+from fedlight.engine.batched import BatchedLocalFit, batching_blocker
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
 from fedlight.errors import ConfigError
 from fedlight.state import FlatState
 from fedlight.strategies import FedAvg, FedProx
 from fedlight.testing import ClientImages
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 # Summation order inside a batched matrix product differs from K separate ones. In fp32 an ulp of
 # difference per step compounds through small-batch SGD over a run (measured: 4e-4 after 5 rounds of 5
@@ -64,7 +64,7 @@ ADAM = pytest.param(lambda p: torch.optim.Adam(p, lr=1e-3), id="adam")
 def test_batched_mlp_rounds_equal_the_sequential_ones(optimizer, batching):
     sequential, plans = run(images(), MLP, optimizer, None)
     batched, batched_plans = run(images(), MLP, optimizer, batching)
-    assert not isinstance(batched._batching, str)  # it did run vectorised
+    assert not isinstance(batched.fits.vectorised, str)  # it did run vectorised
     assert batched_plans.rounds == plans.rounds  # the same clients, straggler epochs and step counts
     assert len({steps for rounds in plans.rounds for _, _, steps in rounds}) > 1  # clients stop at different steps
     torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)
@@ -90,7 +90,7 @@ def test_compiled_batched_rounds_equal_the_sequential_ones():
     optimizer = lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)  # noqa: E731
     sequential, plans = run(images(), MLP, optimizer, None, rounds=2)
     batched, batched_plans = run(images(), MLP, optimizer, "auto", rounds=2, compile_batched=True)
-    assert batched._batching._compiled is not None
+    assert batched.fits.vectorised._compiled is not None
     assert batched_plans.rounds == plans.rounds
     torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)
 
@@ -129,7 +129,7 @@ def test_rounds_that_cannot_be_vectorised_run_sequentially_and_say_why_once_on_t
     trainer.fit(model, images(), FedProx(mu=0.1))
     lines = [line for line in capsys.readouterr().out.splitlines() if "clients train one after another" in line]
     assert len(lines) == 1 and "FedProx overrides on_client_fit_start" in lines[0]
-    assert trainer._batching.startswith("FedProx")
+    assert trainer.fits.vectorised.startswith("FedProx")
 
 
 def test_blockers_name_the_module_or_optimizer():

@@ -17,7 +17,7 @@ from fedlight.clients.classification import ClassificationClient
 from fedlight.errors import ConfigError
 from fedlight.metrics.classification import GroupedClassification
 from fedlight.strategies import MOON, FedCCMOON, FedProto, RobustAggregation
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 from tests.callbacks.small_run import make_data, make_trainer
 
 REPO = Path(__file__).resolve().parents[1]

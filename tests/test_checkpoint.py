@@ -13,9 +13,9 @@ from fedlight import checkpoint as ckpt_io
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, NpzDataset, Synthetic
 from fedlight.errors import ConfigError
-from fedlight.loggers import RoundCSV
+from fedlight.engine.loggers import RoundCSV
 from fedlight.strategies import FedAvg
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 def make_model(seed=0, hidden=16):

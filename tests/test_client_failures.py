@@ -8,7 +8,7 @@ from fedlight.data import FederatedDataModule, Synthetic
 from fedlight.errors import ConfigError
 from fedlight.strategies import FedAvg
 from fedlight.testing import ScalarClient, ScalarDataset
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 class FlakyClient(ScalarClient):

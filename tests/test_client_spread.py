@@ -6,8 +6,8 @@ import numpy as np
 import torch
 import wandb
 
-import fedlight.trainer
-from fedlight.loggers import client_spread, histogram_metrics
+import fedlight.engine.loggers
+from fedlight.engine.loggers import client_spread, histogram_metrics
 from fedlight.strategies import FedAvg
 from tests.callbacks.small_run import make_data, make_model, make_trainer
 
@@ -37,9 +37,8 @@ def _accuracy_by_hand(trainer, client: int) -> float:
 
 def test_each_clients_accuracy_is_logged_with_its_spread(tmp_path, monkeypatch):
     recorder = RecordingLogger()
-    monkeypatch.setattr(fedlight.trainer, "wandb_logger", lambda *args, **kwargs: recorder)
-    trainer = make_trainer(tmp_path, rounds=2)
-    trainer.loggers = ["csv", "wandb"]
+    monkeypatch.setattr(fedlight.engine.loggers, "wandb_logger", lambda *args, **kwargs: recorder)
+    trainer = make_trainer(tmp_path, rounds=2, logger=["csv", "wandb"])
     data = make_data(eval_batch_size=7)
     trainer.fit(make_model(), data, FedAvg())
 

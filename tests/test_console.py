@@ -2,7 +2,7 @@
 
 import io
 
-from fedlight.console import RunConsole
+from fedlight.engine.console import RunConsole
 
 # The last round of a LADD row with clusters: the routed scores are the ones the paper reports.
 LADD_ROUND = {

@@ -1,4 +1,4 @@
-"""W&B conventions of ``fedlight.loggers.wandb_logger``: environment variables, run fields, offline runs."""
+"""W&B conventions of ``fedlight.engine.loggers.wandb_logger``: environment variables, run fields, offline runs."""
 
 import os
 from pathlib import Path
@@ -7,7 +7,7 @@ import lightning.pytorch.loggers  # noqa: F401  (imported once for the module: s
 import pytest
 import wandb
 
-from fedlight.loggers import resolve_wandb_mode, wandb_logger
+from fedlight.engine.loggers import resolve_wandb_mode, wandb_logger
 
 
 @pytest.mark.parametrize(
@@ -132,7 +132,7 @@ def test_online_wandb_without_credentials_is_refused_before_a_run_folder_exists(
 
 
 def test_online_wandb_with_a_key_passes_the_check(tmp_path, monkeypatch):
-    from fedlight.loggers import wandb_login_problems
+    from fedlight.engine.loggers import wandb_login_problems
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("WANDB_API_KEY", "0" * 40)

@@ -23,7 +23,7 @@ def test_import_fedlight_alone_does_not_import_torch():
 def test_every_public_name_resolves_to_the_object_its_module_defines():
     from fedlight.checkpoint import read_weights
     from fedlight.data.datamodule import FederatedDataModule
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.engine.trainer import FederatedTrainer
 
     assert (fedlight.FederatedTrainer, fedlight.FederatedDataModule) == (FederatedTrainer, FederatedDataModule)
     assert fedlight.read_weights is read_weights

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from fedlight.cli import main
-from fedlight.distributed import LAUNCHER_VARIABLES
+from fedlight.engine.launch import LAUNCHER_VARIABLES
 from fedlight.errors import ConfigError
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 SYNTHETIC = str(REPO / "conf/fedproto/synthetic/fedavg_delta0.yaml")

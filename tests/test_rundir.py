@@ -16,10 +16,10 @@ from fedlight import checkpoint as ckpt_io
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Synthetic
 from fedlight.errors import ConfigError
-from fedlight.rundir import LOCK_NAME, RunLock, new_version_dir
+from fedlight.engine.rundir import LOCK_NAME, RunLock, new_version_dir
 from fedlight.strategies import FedAvg
 from fedlight.testing import Kill, KillAfterRound
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,7 +67,7 @@ def test_simultaneous_starts_each_get_their_own_version(tmp_path):
 def _hold_lock(run_dir):
     """A second process that locks ``run_dir`` and waits; returns it once the lock is held."""
     code = (
-        "import sys, time; from pathlib import Path; from fedlight.rundir import RunLock; "
+        "import sys, time; from pathlib import Path; from fedlight.engine.rundir import RunLock; "
         "RunLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); time.sleep(60)"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}

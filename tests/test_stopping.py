@@ -22,7 +22,7 @@ from fedlight.data import FederatedDataModule, Synthetic
 from fedlight.errors import RunInterrupted
 from fedlight.strategies import FedAvg
 from fedlight.testing import SignalAtRound
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 SYNTHETIC = str(REPO / "conf/fedproto/synthetic/fedavg_delta0.yaml")

@@ -10,7 +10,7 @@ from fedlight.state import FlatState
 from fedlight.strategies import FedAvg
 from fedlight.teachers import Teachers
 from fedlight.testing import ScalarClient, ScalarDataset
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 class DistilledScalar(ScalarClient):

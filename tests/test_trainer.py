@@ -15,7 +15,7 @@ from fedlight.errors import ConfigError
 from fedlight.state import FlatState
 from fedlight.strategies import FedAvg
 from fedlight.testing import Kill, KillAfterRound, ScalarClient, ScalarDataset
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 def synthetic_data():
@@ -93,7 +93,7 @@ def test_a_killed_batched_run_resumes_to_the_uninterrupted_one(tmp_path):
     resumed.fit(
         make_model(seed=123), synthetic_data(), FedAvg(), ckpt_path=killed.run_dir / "checkpoints" / "last.ckpt"
     )
-    assert not isinstance(resumed._batching, str)  # it did run vectorised
+    assert not isinstance(resumed.fits.vectorised, str)  # it did run vectorised
     assert read_metrics(resumed.run_dir) == read_metrics(reference.run_dir)
     torch.testing.assert_close(resumed.global_state, reference.global_state, rtol=0, atol=0)
 

@@ -28,7 +28,7 @@ from fedlight.metrics.functional.prototypes import (
     aggregate_mean_margin_as_written,
     prototypes_from_sums,
 )
-from fedlight.strategies.fedproto import class_feature_batches
+from fedlight.passes import class_feature_batches
 
 if TYPE_CHECKING:
     from fedlight.context import RunContext

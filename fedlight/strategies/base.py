@@ -59,12 +59,13 @@ containers of them, so checkpoints load with ``weights_only=True``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 
+from fedlight.gather import StateChunks
 from fedlight.plans import ClientPlan, ClientUpdate
 from fedlight.strategies.functional import sample_clients
 
@@ -73,73 +74,6 @@ if TYPE_CHECKING:
     from torch import nn
 
     from fedlight.context import RunContext
-
-
-class StateChunks:
-    """The round's ``[K, P]`` client states, one row per aggregated client (in the order of ``updates``), read in
-    blocks of ``width`` columns.
-
-    Only the block being read is in memory; the engine gathers it from the processes that hold its rows.
-    :attr:`peak_nbytes` is the size of the largest block read so far.
-
-    Args:
-        read: returns the ``[K, stop − start]`` columns ``columns`` of the states.
-        num_clients: K.
-        numel: P.
-        width: columns per block (clipped to [1, P]).
-
-    >>> chunks = StateChunks.of(torch.tensor([[1.0, 2.0, 3.0], [3.0, 4.0, 9.0]]), width=2)
-    >>> [columns for columns, _ in chunks]
-    [slice(0, 2, None), slice(2, 3, None)]
-    >>> chunks.apply(lambda block: block.mean(dim=0)).tolist(), chunks.peak_nbytes
-    ([2.0, 3.0, 6.0], 16)
-    """
-
-    def __init__(self, read: Callable[[slice], torch.Tensor], num_clients: int, numel: int, width: int) -> None:
-        self._read = read
-        self.num_clients = num_clients
-        self.numel = numel
-        self.width = max(1, min(width, numel))
-        self.peak_nbytes = 0
-
-    @classmethod
-    def of(cls, states: torch.Tensor, width: int | None = None) -> StateChunks:
-        """The chunks of states already in memory (``[K, P]``); one block unless ``width`` is given."""
-        return cls(lambda columns: states[:, columns], states.shape[0], states.shape[1], width or states.shape[1])
-
-    def read(self, columns: slice) -> torch.Tensor:
-        """``[K, c]``: the columns ``columns`` of every client's state."""
-        block = self._read(columns)
-        self.peak_nbytes = max(self.peak_nbytes, block.nbytes)
-        return block
-
-    def __iter__(self) -> Iterator[tuple[slice, torch.Tensor]]:
-        """``(columns, [K, c] block)`` for consecutive blocks of ``width`` columns, left to right."""
-        for start in range(0, self.numel, self.width):
-            columns = slice(start, min(start + self.width, self.numel))
-            yield columns, self.read(columns)
-
-    def full(self) -> torch.Tensor:
-        """All ``[K, P]`` states at once, whatever the budget (for rules that cannot work by blocks)."""
-        return self.read(slice(0, self.numel))
-
-    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """``[P]``: a coordinate-wise ``fn`` (``[K, c] → [c]``) applied to every block, the results laid end to end."""
-        return torch.cat([fn(block) for _, block in self])
-
-    def map(self, fn: Callable[[slice, torch.Tensor], torch.Tensor]) -> StateChunks:
-        """The states with every block replaced by ``fn(columns, block)`` (same shape) as it is read."""
-        return StateChunks(lambda columns: fn(columns, self.read(columns)), self.num_clients, self.numel, self.width)
-
-    def rows(self, index: Sequence[int] | torch.Tensor) -> StateChunks:
-        """The states of the rows ``index`` only (e.g. the clients Krum selected), in that order."""
-        index = torch.as_tensor(index, dtype=torch.long)
-
-        def read(columns: slice) -> torch.Tensor:
-            block = self.read(columns)
-            return block[index.to(block.device)]
-
-        return StateChunks(read, len(index), self.numel, self.width)
 
 
 class Strategy:

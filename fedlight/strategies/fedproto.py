@@ -25,7 +25,7 @@ used, so one [C, D] tensor serves both Eq. 10 (p̂) and the AMM analysis metric 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -35,12 +35,12 @@ from fedlight.errors import ConfigError
 from fedlight.metrics.functional.prototypes import (
     aggregate_mean_margin,
     aggregate_prototypes,
-    class_feature_sums,
     client_deviation,
     minmax_normalize,
     prototypes_from_sums,
     semantic_prototype_margin,
 )
+from fedlight.passes import class_feature_batches
 from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
 
 if TYPE_CHECKING:
@@ -186,25 +186,6 @@ class FedProto(Strategy):
             self.aggregate, self.seen = state["aggregate_prototypes"].clone(), state["seen"].clone()
         else:
             self.aggregate, self.seen = None, None
-
-
-@torch.no_grad()
-def class_feature_batches(
-    context: RunContext, module: LightningModule, client: int
-) -> Iterator[tuple[Tensor, Tensor]]:
-    """Per-batch class feature sums ``[C, D]`` and counts ``[C]`` of ``module`` over a client's training split.
-
-    The features are the classifier's input, ``module.net.forward_features``: ``[B, D]``, or ``[B, D, h, w]``
-    for dense models, whose pixels count as samples with void (the module's ``ignore_index``) left out (D5).
-    The caller sets the module's mode and adds the batches up.
-    """
-    precision, num_classes = context.precision, context.datamodule.num_classes
-    ignore_index = getattr(module, "ignore_index", None)  # segmentation's void label
-    for batch in context.datamodule.client_batches(client, split="train"):
-        x, y = precision.convert_input(batch)
-        with precision.forward_context():
-            features = module.net.forward_features(x)
-        yield class_feature_sums(features, y, num_classes, ignore_index)
 
 
 @torch.no_grad()

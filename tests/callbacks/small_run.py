@@ -4,7 +4,7 @@ import torch
 
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Synthetic
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 def make_data(eval_batch_size):
@@ -17,14 +17,14 @@ def make_model(seed=0, hidden=16):
     return ClassificationClient(num_classes=10, input_shape=(12,), model="mlp", model_kwargs={"hidden": [hidden]})
 
 
-def make_trainer(tmp_path, rounds=2, callbacks=None):
+def make_trainer(tmp_path, rounds=2, callbacks=None, logger="csv"):
     return FederatedTrainer(
         rounds=rounds,
         clients_per_round=3,
         local_epochs=1,
         straggler_fraction=0.5,  # FedAvg drops stragglers: they still count in K^t
         default_root_dir=tmp_path,
-        logger="csv",
+        logger=logger,
         enable_progress_bar=False,
         callbacks=callbacks,
     )

@@ -5,7 +5,7 @@ from fedlight.clients.unsupervised import UnsupervisedSegmentationClient
 from fedlight.data import FederatedDataModule
 from fedlight.data.street_scenes import StreetScenes
 from fedlight.strategies import FedAvg
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 def test_a_federated_round_trains_from_the_cache_and_sums_only_head_centroids_and_probe(tmp_path):

@@ -14,7 +14,7 @@ from fedlight.data import FederatedDataModule, Scenes
 from fedlight.data.labels import MACRO_CLASSES, VOC_CLASSES
 from fedlight.data.partition import DirichletPowerLaw
 from fedlight.strategies import FedAvg
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 def test_grids_scalars_and_tsne_of_a_short_run(tmp_path):

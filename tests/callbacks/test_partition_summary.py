@@ -7,7 +7,7 @@ from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Scenes
 from fedlight.data.partition import DirichletPowerLaw
 from fedlight.strategies import FedAvg
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 def test_summary_of_the_runs_partition_is_saved(tmp_path):

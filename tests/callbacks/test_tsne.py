@@ -10,7 +10,7 @@ from fedlight.data import Digits, FederatedDataModule
 from fedlight.data.partition import Dirichlet
 from fedlight.errors import ConfigError
 from fedlight.strategies import FedAvg
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 def digits_tsne(tmp_path, tsne):

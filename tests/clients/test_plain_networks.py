@@ -11,7 +11,7 @@ from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Synthetic
 from fedlight.errors import ConfigError
 from fedlight.strategies import MOON, FedAvg, FedDecorr, FedProto
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 class ForwardOnly(nn.Module):

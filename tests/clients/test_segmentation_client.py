@@ -8,7 +8,7 @@ from fedlight.data import FederatedDataModule, FederatedDataset, LabelledTensors
 from fedlight.data.partition import DirichletPowerLaw
 from fedlight.data.transforms import RandomScaleCropFlip
 from fedlight.strategies import FedAvg
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 TINY = {"encoder_weights": None, "decoder_channels": 16}
 

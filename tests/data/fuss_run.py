@@ -6,7 +6,7 @@ from fedlight.callbacks import BackboneFeatureCache
 from fedlight.clients import UnsupervisedSegmentationClient
 from fedlight.data import FederatedDataModule
 from fedlight.strategies import FedCC
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 def one_round(tmp_path, dataset, clients, partitioner=None):

@@ -6,7 +6,7 @@ import torch
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Synthetic
 from fedlight.strategies import FedAvg
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 def make_data(centralized):

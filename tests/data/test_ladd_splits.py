@@ -14,7 +14,7 @@ from fedlight.data.ladd_splits import CITYSCAPES_19, CROSSCITY_13, GTA5, Citysca
 from fedlight.data.partition import Natural
 from fedlight.errors import ConfigError
 from fedlight.strategies import LADD
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 H, W = 16, 32
 

@@ -133,7 +133,7 @@ def test_a_federated_round_reads_the_lazy_pool(tmp_path):
     from fedlight.clients import SegmentationClient
     from fedlight.data.transforms import RandomScaleCropFlip
     from fedlight.strategies import FedProto
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.engine.trainer import FederatedTrainer
 
     _write_voc(tmp_path)
     data = FederatedDataModule(

@@ -14,7 +14,7 @@ from fedlight.state import FlatState
 from fedlight.strategies import DPFedAvg, FedProx
 from fedlight.strategies.dp import dp_epsilon
 from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 SIZES, VALUES = [4, 6, 8], [10.0, -20.0, 0.5]
 

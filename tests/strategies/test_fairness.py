@@ -6,7 +6,7 @@ import pytest
 from fedlight.data import FederatedDataModule
 from fedlight.strategies import Fairness
 from fedlight.testing import ScalarClient, ScalarDataset
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 def fit(root, strategy, **trainer_kwargs):

@@ -12,7 +12,7 @@ from fedlight.errors import ConfigError
 from fedlight.state import FlatState
 from fedlight.strategies import ClientUpdate, FedAtt
 from fedlight.testing import ScalarClient, ScalarDataset
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 def aggregate(strategy, module, global_state, states, sizes, seed=0):

@@ -13,7 +13,7 @@ from fedlight.data import FederatedDataModule
 from fedlight.strategies import FedAU, FedAvg
 from fedlight.strategies.base import ClientUpdate
 from fedlight.testing import ScalarClient, ScalarDataset
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 class RecordClients(RoundCallback):

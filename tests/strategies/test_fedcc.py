@@ -164,7 +164,7 @@ def test_one_round_through_the_engine_averages_by_batches_and_substitutes_maximi
     from fedlight.callbacks import BackboneFeatureCache
     from fedlight.data import FederatedDataModule, StreetScenes
     from fedlight.strategies.functional import maximin_select
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.engine.trainer import FederatedTrainer
 
     dataset = StreetScenes(num_classes=12, num_cities=2, images_per_city=9, num_test_samples=2, image_size=16)
     data = FederatedDataModule(dataset, batch_size=4, test_fraction=0.0, return_index=True)
@@ -190,7 +190,7 @@ def test_one_round_through_the_engine_averages_by_batches_and_substitutes_maximi
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     from fedlight.callbacks import BackboneFeatureCache
     from fedlight.data import FederatedDataModule, StreetScenes
-    from fedlight.trainer import FederatedTrainer
+    from fedlight.engine.trainer import FederatedTrainer
 
     def fit(rounds, root, ckpt_path=None):
         dataset = StreetScenes(num_classes=12, num_cities=2, images_per_city=8, num_test_samples=2, image_size=16)

@@ -14,7 +14,7 @@ from fedlight.errors import ConfigError
 from fedlight.strategies import FedAvg, FedNova
 from fedlight.strategies.functional import fednova_normalizer
 from fedlight.testing import MeanSquaredError, ScalarClient, ScalarDataset
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 class LinearClient(FederatedClient):

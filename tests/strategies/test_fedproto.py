@@ -25,7 +25,7 @@ from fedlight.metrics.functional.prototypes import (
 )
 from fedlight.strategies import ClientUpdate, FedAvg, FedProto
 from fedlight.testing import Kill, KillAfterRound
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 SETTINGS = {"clients_per_round": 4, "local_epochs": 2, "straggler_fraction": 0.5, "checkpoint_every": 2}

@@ -15,7 +15,7 @@ from fedlight.errors import ConfigError
 from fedlight.strategies import FedAvg, FedProx
 from fedlight.strategies.fedprox import proximal_term
 from fedlight.testing import ScalarClient, ScalarDataset
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 def fit(root, sizes, values, strategy, lr=1.0, init=0.0, **trainer_kwargs):

@@ -13,7 +13,7 @@ from fedlight.errors import ConfigError
 from fedlight.metrics.functional.saliency import layer_weights, saliency_norms
 from fedlight.strategies import FedSLS
 from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 class RecordClients(RoundCallback):

@@ -27,7 +27,7 @@ from fedlight.strategies import (
     FedSLS,
 )
 from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 STRATEGIES = {
     "fedavg": FedAvg,

@@ -13,7 +13,7 @@ from fedlight.state import FlatState
 from fedlight.strategies import MOON, FedAvg
 from fedlight.strategies.moon import model_contrastive_loss
 from fedlight.testing import ClientImages
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 def test_loss_is_the_cross_entropy_of_cosine_logits():

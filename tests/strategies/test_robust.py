@@ -11,7 +11,7 @@ from fedlight.data import FederatedDataModule
 from fedlight.errors import ConfigError
 from fedlight.strategies import Attack, FedAvg, FedAvgM, FedProx, RobustAggregation
 from fedlight.testing import ScalarClient, ScalarDataset
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 REPO = Path(__file__).resolve().parents[2]
 

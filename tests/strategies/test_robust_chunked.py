@@ -17,7 +17,7 @@ from fedlight.strategies import robust_functional as R
 from fedlight.strategies.base import StateChunks, Strategy
 from fedlight.strategies.robust import squared_distances
 from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 AGGREGATORS = {
     "median": {},

@@ -29,7 +29,7 @@ from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
 from fedlight.strategies import Attack, FedAvg, RobustAggregation
 from fedlight.testing import ClientImages
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 
 class Peak(RobustAggregation):

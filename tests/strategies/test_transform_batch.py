@@ -5,13 +5,13 @@ vectorised loop."""
 import pytest
 import torch
 
-from fedlight.batched import BatchedLocalFit
+from fedlight.engine.batched import BatchedLocalFit
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
 from fedlight.data.base import LabelledTensors
 from fedlight.strategies import Attack, FedAvg
 from fedlight.testing import ClientImages
-from fedlight.trainer import FederatedTrainer
+from fedlight.engine.trainer import FederatedTrainer
 
 PERMUTATION = torch.tensor([2, 0, 1])  # y ← π(y), C = 3
 SIZES, SEEDS = [12, 17, 9], [3, 4, 5]
@@ -55,7 +55,7 @@ def test_transformed_batches_train_as_hand_permuted_data(batching, local_steps):
     by_hand = fit(PermutedImages(SIZES, SEEDS), FedAvg(), batching, local_steps)
     clean = fit(ClientImages(SIZES, SEEDS), FedAvg(), batching, local_steps)
     if batching is not None:
-        assert isinstance(transformed._batching, BatchedLocalFit)  # the vectorised loop ran
+        assert isinstance(transformed.fits.vectorised, BatchedLocalFit)  # the vectorised loop ran
     torch.testing.assert_close(transformed.global_state, by_hand.global_state, rtol=0, atol=0)
     assert not torch.equal(transformed.global_state, clean.global_state)
 

@@ -19,6 +19,7 @@ import socket
 import time
 from pathlib import Path
 
+from fedlight import checkpoint as ckpt_io
 from fedlight.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -149,3 +150,78 @@ def remove_temporaries(run_dir: Path) -> list[Path]:
     if leftovers:
         log.info("Removed %d unfinished file(s) of an interrupted write: %s", len(leftovers), leftovers)
     return leftovers
+
+
+class RunFolder:
+    """The folder a run writes (rank 0), claimed or continued and locked until :meth:`release`.
+
+    Args:
+        root: ``<default_root_dir>/<name>``, under which new runs get a ``version_<n>``.
+        rewind: whether a resume may continue a folder whose own last checkpoint is of a later round.
+    """
+
+    def __init__(self, root: Path, rewind: bool) -> None:
+        self.root = root
+        self.rewind = rewind
+        self._lock: RunLock | None = None
+
+    def new(self) -> Path:
+        """A fresh ``version_<n>``, claimed and locked."""
+        run_dir = new_version_dir(self.root)
+        self._lock_folder(run_dir)
+        return run_dir
+
+    def resumed(self, ckpt_path: Path, state: dict) -> Path:
+        """The run folder a resume continues, locked: the one the checkpoint belongs to.
+
+        That is the folder recorded in the checkpoint; for a checkpoint that records none, or whose folder
+        was moved, the folder around ``checkpoints/``; for a loose copy of a checkpoint, a new folder. A folder
+        whose own last checkpoint is of a later round is not rewound unless ``rewind`` says so.
+        """
+        run_dir = recorded_run_dir(ckpt_path, state)
+        if run_dir is None:
+            log.warning("%s belongs to no run folder; the run continues in a new one.", ckpt_path)
+            return self.new()
+        self._lock_folder(run_dir)
+        try:
+            own = run_dir / "checkpoints" / ckpt_io.LAST
+            later = None if _same_file(own, ckpt_path) else ckpt_io.saved_round(own)
+            if later is not None and later > state["round"] and not self.rewind:
+                raise ConfigError(
+                    f"--ckpt_path {ckpt_path} holds round {state['round']}, but its run folder {run_dir} has "
+                    f"already reached round {later} ({own}); resuming would replace the later rounds. Continue "
+                    f"the run with --ckpt_path {own}, or pass --trainer.rewind=true to go back to round "
+                    f"{state['round']} on purpose."
+                )
+        except BaseException:
+            self.release()
+            raise
+        return run_dir
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def _lock_folder(self, run_dir: Path) -> None:
+        lock = RunLock(run_dir)
+        lock.acquire()
+        self._lock = lock
+        remove_temporaries(run_dir)
+
+
+def recorded_run_dir(ckpt_path: Path, state: dict) -> Path | None:
+    """The run folder a checkpoint belongs to: the one it records if it still exists, else the folder around
+    its ``checkpoints/`` (an older checkpoint, or a moved run), else None (a loose copy)."""
+    recorded = state.get("run_dir")
+    if recorded is not None and Path(recorded).is_dir():
+        return Path(recorded)
+    ckpt_path = ckpt_path.resolve()
+    return ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False

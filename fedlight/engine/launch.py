@@ -1,22 +1,30 @@
-"""Spreading a round's clients over processes.
+"""Processes: starting them, spreading a round's clients over them, and their threads.
 
 Ranks train *different* clients, so nothing is wrapped in ``DistributedDataParallel`` (its gradient
 all-reduces would never pair up across ranks): each rank trains its share sequentially on one
 resident module, adds the resulting states into a local weighted sum, and one all-reduce of that flat
-buffer per round combines the ranks.
+buffer per round combines the ranks. With ``--trainer.start_method=fork`` the ranks are forked from the calling
+process, and rank 0 hands its outcome back to it (:func:`in_forked_processes`).
 """
 
 from __future__ import annotations
 
 import heapq
 import os
-from collections.abc import Mapping, Sequence
+import pickle
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
+from lightning.fabric import Fabric
 from lightning.fabric.strategies import DDPStrategy
+from lightning.fabric.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from torch.distributed.constants import default_pg_timeout
 
+from fedlight.engine.stopping import StopRequest
 from fedlight.errors import ConfigError
 
 #: environment variables by which a launcher tells a process where it stands in a multi-node run
@@ -109,3 +117,58 @@ def assign_clients(costs: Sequence[float], world_size: int) -> list[list[int]]:
         shares[rank].append(position)
         heapq.heappush(loads, (load + costs[position], rank))
     return [sorted(share) for share in shares]
+
+
+def forks(fabric: Fabric) -> bool:
+    """Whether ``fabric`` starts its processes by forking this one (``--trainer.start_method=fork``)."""
+    return isinstance(fabric.strategy.launcher, _MultiProcessingLauncher)
+
+
+def in_forked_processes(
+    fabric: Fabric, work: Callable[[], Any], outcome: Callable[[Any], dict[str, Any]]
+) -> dict[str, Any]:
+    """Runs ``work`` in processes forked from this one and returns rank 0's ``outcome(result)``, or raises the
+    ``ConfigError`` that stopped it, as one process would.
+
+    Rank 0 hands its outcome back through a file: Fabric returns it through a pipe that is read only after the
+    processes exit, so anything over the pipe's buffer (~64 KiB) would never be sent. A Ctrl-C reaches the forked
+    processes too, which end their round and save; this one waits for them.
+    """
+
+    def forked(fabric: Fabric, outcome_file: Path) -> None:
+        try:
+            result = work()
+        except ConfigError as err:  # reported once, by the launching process, as a one-process run reports it
+            if fabric.global_rank == 0:
+                outcome_file.write_bytes(pickle.dumps({"error": err}))
+            return
+        if fabric.global_rank == 0:
+            outcome_file.write_bytes(pickle.dumps(outcome(result)))
+
+    with tempfile.TemporaryDirectory(prefix="fedlight-fork-") as folder, StopRequest(announce=False):
+        outcome_file = Path(folder) / "outcome.pkl"
+        try:
+            fabric.launch(forked, outcome_file)
+        except Exception:
+            if not outcome_file.is_file():
+                raise
+        handed = pickle.loads(outcome_file.read_bytes())
+    if "error" in handed:  # as the error would have come out of one process
+        raise handed["error"] from None
+    return handed
+
+
+def resolve_threads(threads: int | Literal["auto"], device: torch.device) -> int | None:
+    """The intra-op threads that ``--trainer.threads`` asks of each process, or None for torch's default.
+
+    Read before Lightning's launcher sets ``OMP_NUM_THREADS`` for the processes it starts, so that ``auto``
+    follows only the user's own setting.
+
+    >>> resolve_threads(3, torch.device("cpu")), resolve_threads("auto", torch.device("cuda"))
+    (3, None)
+    """
+    if threads != "auto":
+        return threads
+    if device.type != "cpu":
+        return None
+    return int(os.environ.get("OMP_NUM_THREADS") or 1)

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 from types import FrameType
+from typing import Any
 
 SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
@@ -49,3 +50,15 @@ class StopRequest:
                 file=sys.stderr,
                 flush=True,
             )
+
+    def agreed(self, fabric: Any) -> bool:
+        """Whether any process received a stop signal, so that all of them stop after the same round (one
+        all-reduce with several processes); a process that got none records SIGTERM as the request."""
+        requested = self.requested is not None
+        if fabric.world_size > 1:
+            import torch
+
+            flag = torch.tensor(float(requested), device=fabric.device)
+            requested = float(fabric.all_reduce(flag, reduce_op="sum")) > 0
+            self.requested = self.requested or ("SIGTERM" if requested else None)  # another process's signal
+        return requested

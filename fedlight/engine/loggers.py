@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
+
+from fedlight.engine.config import LoggingSettings, WandbMode
 
 
 class RoundCSV:
@@ -49,9 +51,6 @@ class RoundCSV:
 def _csv_row(row: dict[str, float]) -> dict[str, float | int]:
     """A history row as ``metrics.csv`` shows it: the round as the integer it is."""
     return {**row, "round": int(row["round"])} if "round" in row else row
-
-
-WandbMode = Literal["offline", "online", "disabled"]
 
 
 def wandb_logger(
@@ -206,3 +205,70 @@ def client_spread(computed: dict[str, Any]) -> dict[str, Any]:
             out[f"{name}_p10"] = torch.quantile(present, 0.1).item()
             out[f"{name}_std"] = present.std(correction=0).item()
     return out
+
+
+class RunLoggers:
+    """The run folder's ``config.yaml``, ``metrics.csv`` and W&B run, written from rank 0 only.
+
+    Args:
+        settings: which loggers and the W&B fields.
+        rank: this process; other ranks log nothing.
+    """
+
+    def __init__(self, settings: LoggingSettings, rank: int) -> None:
+        self.settings = settings
+        self.rank = rank
+        self._csv: RoundCSV | None = None
+        self._wandb: Any = None
+
+    def start(
+        self, run_dir: Path, config: dict[str, Any] | None, history: list[dict[str, float]], wandb_id: str
+    ) -> None:
+        """Writes the configuration and opens the loggers; W&B's run itself starts at the first logged round."""
+        self._csv = self._wandb = None
+        if self.rank != 0:
+            return
+        settings = self.settings
+        if config is not None:
+            import yaml
+
+            (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        if "csv" in settings.loggers:
+            self._csv = RoundCSV(run_dir / "metrics.csv", history)
+        if "wandb" in settings.loggers:
+            self._wandb = wandb_logger(
+                run_dir,
+                settings.name,
+                wandb_id,
+                config,
+                project=settings.wandb_project,
+                entity=settings.wandb_entity,
+                mode=settings.wandb_mode,
+                group=settings.wandb_group,
+                tags=settings.wandb_tags,
+                notes=settings.wandb_notes,
+            )
+
+    def log(self, scalars: dict[str, float], metrics: dict[str, Any]) -> None:
+        """One round's ``scalars`` (the history row, already appended) and the histograms among ``metrics``."""
+        if self.rank != 0:
+            return
+        if self._csv is not None:
+            self._csv.log(scalars)
+        if self._wandb is not None:
+            logged = {k: v for k, v in scalars.items() if k != "round"} | histogram_metrics(metrics)
+            self._wandb.log_metrics(logged, step=int(scalars["round"]))
+
+    def log_images(self, images: dict[str, list[Any]], step: int) -> None:
+        """Sends images (file paths, arrays or PIL images) to W&B under their keys, from rank 0; CSV keeps none."""
+        if self.rank != 0 or self._wandb is None:
+            return
+        for key, values in images.items():
+            self._wandb.log_image(key=key, images=list(values), step=step)
+
+    def finish(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finalize("success")
+            import wandb
+
+            wandb.finish()

@@ -1,0 +1,138 @@
+"""Evaluation of the global model on the clients' held-out splits and on the global test set.
+
+Batches are spread over processes and the metric states (sufficient statistics) are summed, so every process
+gets the same numbers. When the dataset has no separate test set, the global test set is the union of the
+held-out splits and one pass serves both. A clustered rule that routes a split also gets ``routed/<metric>``:
+every sample scored by the bank member the rule routes it to.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torchmetrics import Metric
+
+from fedlight.engine.loggers import client_spread, scalar_metrics
+
+if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+
+    from fedlight.context import RunContext
+    from fedlight.data.datamodule import FederatedDataModule
+    from fedlight.engine.model import GlobalModel
+    from fedlight.strategies.base import Strategy
+
+
+class Evaluator:
+    """Scores W^t (and, for routed splits, the bank's members) with the module's own evaluation metric.
+
+    Args:
+        model: the resident module and the global model.
+        datamodule: the held-out splits and the test set.
+        strategy: the rule, which routes samples to bank members when it keeps clusters.
+        context: what the rule's ``route`` receives.
+        fabric: precision, the processes and their all-reduce.
+    """
+
+    def __init__(
+        self,
+        model: GlobalModel,
+        datamodule: FederatedDataModule,
+        strategy: Strategy,
+        context: RunContext,
+        fabric: Fabric,
+    ) -> None:
+        self.model, self.datamodule, self.strategy = model, datamodule, strategy
+        self.context, self.fabric = context, fabric
+        self.precision = fabric.strategy.precision
+        self._metrics: dict[tuple[int, bool], Metric] = {}
+
+    @torch.no_grad()
+    def evaluate(self, clients: bool, test: bool) -> dict[str, Any]:
+        """W^t's metrics on the clients' held-out splits (``clients/*``) and/or the global test set (``test/*``)."""
+        data = self.datamodule
+        self.model.evaluation_module()
+        metrics: dict[str, Any] = {}
+        shared_pass = data.test is None
+        if clients and not shared_pass and len(data.held_out_index) == 0:
+            clients = False  # --data.test_fraction=0: the clients keep every sample, only the test set is evaluated
+        if clients or (test and shared_pass):
+            result = self._pass(data.held_out_batches(), data.num_eval_groups, "clients")
+            if clients:
+                metrics.update({f"clients/{k}": v for k, v in result.items()})
+            if test and shared_pass:
+                metrics.update({f"test/{k}": v for k, v in result.items() if self._is_test_metric(k)})
+        if test and not shared_pass:
+            result = self._pass(data.test_batches(), 1, "test")
+            metrics.update({f"test/{k}": v for k, v in result.items() if self._is_test_metric(k)})
+        return metrics
+
+    def _is_test_metric(self, key: str) -> bool:
+        return key.removeprefix("routed/") in self.model.module.test_metrics
+
+    def _metric(self, num_groups: int, routed: bool = False) -> Metric:
+        """The module's evaluation metric over ``num_groups`` groups, reset; built once and reused every round."""
+        key = (num_groups, routed)
+        if key not in self._metrics:  # building a torchmetrics Metric costs more than a small model's pass
+            self._metrics[key] = self.model.module.evaluation_metric(num_groups).to(self.fabric.device)
+        self._metrics[key].reset()
+        return self._metrics[key]
+
+    def _pass(self, batches, num_groups: int, split: Literal["clients", "test"]) -> dict[str, Any]:
+        """The global model's metrics over this process's share of ``batches``, summed over processes; for the
+        clients' split, also each client's values (``<metric>_per_client``, ``[G]``) and their spread.
+
+        For a clustered rule that routes ``split``, also ``routed/<metric>``: every sample is evaluated by the
+        bank member the strategy routes it to (LADD: the cluster nearest to the image's own style), one pass of
+        each member over the samples routed to it, into one metric.
+        """
+        fabric, model, precision, strategy = self.fabric, self.model, self.precision, self.strategy
+        module = model.module
+        metric = self._metric(num_groups)
+        routed = model.bank.num_clusters > 0 and split in strategy.routed_splits
+        mine = []  # (batch index, batch, [B] bank member of each sample)
+        for batch_idx, batch in enumerate(batches):
+            if batch_idx % fabric.world_size != fabric.global_rank:
+                continue
+            with precision.forward_context():
+                metric.update(**module.validation_step(precision.convert_input(batch), batch_idx))
+            if routed:
+                mine.append((batch_idx, batch, strategy.route(self.context, batch, split)))
+        computed = merged(metric)
+        result = scalar_metrics(computed)
+        if split == "clients":
+            result.update(client_spread(computed))  # per-client values and their spread over the clients
+        if routed:
+            routed_metric = self._metric(num_groups, routed=True)
+            for cluster in range(model.bank.num_clusters):
+                model.load(model.member(cluster))
+                for batch_idx, batch, route in mine:
+                    chosen = route == cluster
+                    if bool(chosen.any()):
+                        part = precision.convert_input(tuple(t[chosen] for t in batch))
+                        with precision.forward_context():
+                            routed_metric.update(**module.validation_step(part, batch_idx))
+            model.load()
+            result.update({f"routed/{k}": v for k, v in scalar_metrics(merged(routed_metric)).items()})
+        return result
+
+
+def merged(metric: Metric) -> Any:
+    """``metric.compute()`` over every process's states. A process that held none of the batches updated nothing
+    and contributes zero sums, which is right; torchmetrics would warn that it computes before an update."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"The ``compute`` method of metric .* before the ``update``")
+        return metric.compute()
+
+
+def format_scores(metrics: dict[str, float]) -> str:
+    """One ``key  value`` line per metric, the keys aligned.
+
+    >>> print(format_scores({"test/acc": 0.8125, "test/loss": 0.5}))
+    test/acc   0.8125
+    test/loss  0.5
+    """
+    width = max(map(len, metrics), default=0)
+    return "\n".join(f"{key:<{width}}  {value:.6g}" for key, value in metrics.items())

@@ -1,0 +1,223 @@
+"""One client's local fit on the resident module, the loop every client and warm-up trains with.
+
+A fit loads the client's starting state (W^t, its cluster's member, or what the rule makes of them), builds a
+fresh optimizer, seeds the client's own stream and runs its batches: ``F`` epochs (``F'`` for a tolerated
+straggler) or exactly ``local_steps`` full batches. The rule's hooks run around it and inside the loss; the
+trainer's precision applies inside every step while the global model stays fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fedlight.clients.base import LocalFit
+from fedlight.engine.streams import RandomStreams, seed_torch
+from fedlight.errors import ConfigError
+from fedlight.plans import ClientPlan, ClientUpdate
+
+if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+
+    from fedlight.clients.base import FederatedClient
+    from fedlight.context import RunContext
+    from fedlight.data.datamodule import FederatedDataModule
+    from fedlight.engine.config import RoundSettings
+    from fedlight.engine.model import GlobalModel
+    from fedlight.strategies.base import Strategy
+
+LossFn = Callable[[Any, Any, dict[str, torch.Tensor]], torch.Tensor]
+
+
+class LocalTraining:
+    """Local fits of the clients a process hosts, on its resident module.
+
+    Args:
+        model: the resident module and the global model.
+        datamodule: the clients' data.
+        strategy: the rule whose hooks run around and inside the fit.
+        context: what the rule's hooks receive.
+        fabric: precision, backward pass and device.
+        streams: the run's random streams.
+        settings: rounds T, local epochs or ``local_steps``.
+    """
+
+    def __init__(
+        self,
+        model: GlobalModel,
+        datamodule: FederatedDataModule,
+        strategy: Strategy,
+        context: RunContext,
+        fabric: Fabric,
+        streams: RandomStreams,
+        settings: RoundSettings,
+    ) -> None:
+        self.model, self.datamodule, self.strategy, self.context = model, datamodule, strategy, context
+        self.fabric, self.streams, self.settings = fabric, streams, settings
+        self.precision = fabric.strategy.precision
+
+    def fit(self, round_idx: int, plan: ClientPlan, start: torch.Tensor) -> tuple[ClientUpdate, torch.Tensor]:
+        """Client ``plan.client``'s fit in round ``round_idx`` from the bank member ``start``; returns its update
+        and flat state."""
+        module, strategy, context = self.model.module, self.strategy, self.context
+        seed = self.streams.client_seed(round_idx, plan.client)
+        seed_torch(seed, self.fabric.device)  # dropout and any other draw inside the step
+        generator = torch.Generator().manual_seed(seed)  # batch order
+
+        self.model.load(strategy.initial_state(context, plan, start))
+        self.model.train_mode()
+        num_steps = self.settings.local_steps or plan.epochs * self.datamodule.num_batches(plan.client)
+        module.local_fit = self.local_fit(round_idx, num_steps)
+        optimizers, schedulers = optimizers_and_schedulers(module.configure_optimizers())
+        module.teachers = dict(strategy.client_teachers(context, plan))
+        try:
+            strategy.on_client_fit_start(context, module, plan)
+            batches = self.batches(plan, generator)
+            loss_sum, steps = self.train_steps(module, optimizers, schedulers, batches, strategy.training_loss)
+            update = self.update(plan, loss_sum, steps)
+            strategy.on_client_fit_end(context, module, update)
+        finally:
+            module.teachers = {}
+        state = self.model.layout.flatten(module)
+        update.finite = math.isfinite(update.train_loss) and all_finite(state)
+        return update, state
+
+    def local_fit(self, round_idx: int, num_steps: int) -> LocalFit:
+        """Where a fit of ``num_steps`` steps in round ``round_idx`` sits in the run, for run-long schedules."""
+        return LocalFit(round_idx=round_idx, rounds=self.settings.rounds, num_steps=num_steps)
+
+    def update(self, plan: ClientPlan, loss_sum: torch.Tensor, steps: int) -> ClientUpdate:
+        """What a client sends back besides its state, from its task-loss sum over ``steps`` steps."""
+        return ClientUpdate(
+            client=plan.client,
+            num_samples=int(self.datamodule.num_samples[plan.client]),
+            epochs=plan.epochs,
+            num_steps=steps,
+            train_loss=loss_sum.item() / max(steps, 1),
+        )
+
+    def train_steps(
+        self, module: FederatedClient, optimizers: list, schedulers: list, batches: Iterable[Any], loss_fn: LossFn
+    ) -> tuple[torch.Tensor, int]:
+        """The local training loop: every optimizer steps once per batch. Returns the task-loss sum and steps."""
+        precision = self.precision
+        loss_sum = torch.zeros((), device=self.fabric.device)
+        steps = 0
+        for batch in batches:
+            batch = precision.convert_input(batch)
+            with precision.forward_context():
+                outputs = module.training_step(batch, steps)
+                loss = loss_fn(module, batch, outputs)
+            for optimizer in optimizers:
+                optimizer.zero_grad(set_to_none=True)
+            self.fabric.strategy.backward(loss, module)
+            for optimizer in optimizers:
+                precision.optimizer_step(optimizer)
+            for scheduler in schedulers:
+                scheduler.step()  # Lightning's interval="step": once per optimizer step
+            loss_sum += outputs["loss"].detach().float()  # the task loss, without strategy terms
+            steps += 1
+        return loss_sum, steps
+
+    def train_outside_rounds(
+        self, module: FederatedClient, client: int, epochs: int, seed: int, full_batches: bool
+    ) -> int:
+        """A client's local training outside the rounds (see :meth:`RunContext.local_train`); returns its steps."""
+        seed_torch(seed, self.fabric.device)
+        generator = torch.Generator().manual_seed(seed)
+        self.model.train_mode(module)
+        data = self.datamodule
+        full = min(data.batch_size, int(data.num_samples[client]))
+
+        def batches():
+            for _ in range(epochs):
+                for batch in data.train_batches(client, generator):
+                    if not full_batches or len(batch[1]) == full:
+                        yield batch
+
+        optimizers, schedulers = optimizers_and_schedulers(module.configure_optimizers())
+        _, steps = self.train_steps(module, optimizers, schedulers, batches(), lambda m, b, out: out["loss"])
+        return steps
+
+    def batches(self, plan: ClientPlan, generator: torch.Generator) -> Iterator[Any]:
+        """A client's batches of one round: ``plan.epochs`` epochs, or ``local_steps`` full batches, each passed
+        through the strategy's ``transform_batch``.
+
+        With ``local_steps``, an epoch's short last batch is skipped, as FedAU's sampler does (a batch of
+        one image would also break BatchNorm), unless it is all the client has.
+        """
+        strategy, context, client, data = self.strategy, self.context, plan.client, self.datamodule
+        local_steps = self.settings.local_steps
+        if local_steps is None:
+            for _ in range(plan.epochs):
+                for batch in data.train_batches(client, generator):
+                    yield strategy.transform_batch(context, client, batch)
+            return
+        batch_size = min(data.batch_size, int(data.num_samples[client]))
+        steps = 0
+        while True:
+            for batch in data.train_batches(client, generator):
+                if len(batch[1]) < batch_size:
+                    continue
+                yield strategy.transform_batch(context, client, batch)
+                steps += 1
+                if steps == local_steps:
+                    return
+
+
+def all_finite(flat: torch.Tensor) -> bool:
+    """Whether a state has no NaN/Inf: its sum in fp64 cannot overflow, so it is finite exactly when all entries are.
+
+    One reduction, several times cheaper than ``torch.isfinite(flat).all()`` on the CPU.
+    """
+    return math.isfinite(flat.sum(dtype=torch.float64).item())
+
+
+def optimizers_and_schedulers(configured: Any) -> tuple[list[torch.optim.Optimizer], list[Any]]:
+    """The optimizers and per-step schedulers of ``configure_optimizers``'s return, in Lightning's formats.
+
+    An optimizer; ``{"optimizer": ..., "lr_scheduler": scheduler}`` where the scheduler may be wrapped as
+    ``{"scheduler": ..., "interval": "step"}``; a list or tuple of either (several optimizers, e.g. a head,
+    centroids and a probe each with its own Adam); or ``([optimizers], [schedulers])``. Every optimizer
+    steps once per batch. A local fit has no epochs of its own to count, so only per-step schedules are
+    accepted.
+
+    >>> sgd = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    >>> optimizers, schedulers = optimizers_and_schedulers([sgd, {"optimizer": sgd}])
+    >>> len(optimizers), schedulers
+    (2, [])
+    """
+    if isinstance(configured, torch.optim.Optimizer):
+        return [configured], []
+    if isinstance(configured, dict):
+        scheduler = configured.get("lr_scheduler")
+        if isinstance(scheduler, dict):
+            if scheduler.get("interval", "step") != "step":
+                raise ConfigError(
+                    f"configure_optimizers returned a scheduler with interval={scheduler['interval']!r}; federated "
+                    "local fits step schedulers once per optimizer step: use interval='step'."
+                )
+            scheduler = scheduler["scheduler"]
+        return [configured["optimizer"]], [] if scheduler is None else [scheduler]
+    if (
+        isinstance(configured, tuple)
+        and len(configured) == 2
+        and all(isinstance(part, list | tuple) for part in configured)
+        and all(isinstance(o, torch.optim.Optimizer) for o in configured[0])
+    ):  # Lightning's ([optimizers], [schedulers])
+        schedulers = [s["scheduler"] if isinstance(s, dict) else s for s in configured[1]]
+        return list(configured[0]), schedulers
+    if isinstance(configured, list | tuple) and configured:
+        optimizers, schedulers = [], []
+        for item in configured:
+            item_optimizers, item_schedulers = optimizers_and_schedulers(item)
+            optimizers += item_optimizers
+            schedulers += item_schedulers
+        return optimizers, schedulers
+    raise ConfigError(
+        f"configure_optimizers returned {type(configured).__name__}; expected an optimizer, a dict with "
+        "'optimizer' (and 'lr_scheduler'), or a list of them."
+    )

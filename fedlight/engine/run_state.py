@@ -1,0 +1,107 @@
+"""What a checkpoint holds of a run, and whether a checkpoint belongs to the run that would load it.
+
+``checkpoints/last.ckpt`` keeps the whole run state: the global model (W^t, integer buffers, frozen parts,
+clusters), the strategy's and callbacks' states, the torch generator, the round, the metric history, the W&B
+run id, the partition's sizes and digests, and the resolved configuration. Randomness is derived from the seed
+and the round (:mod:`fedlight.engine.streams`), so nothing else is needed for a resumed run to end with exactly
+the numbers of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fedlight import checkpoint as ckpt_io
+from fedlight.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fedlight.data.datamodule import FederatedDataModule
+    from fedlight.engine.model import GlobalModel
+    from fedlight.strategies.base import Strategy
+
+
+def run_state(
+    *,
+    round_done: int,
+    seed: int,
+    model: GlobalModel,
+    strategy: Strategy,
+    callbacks: list[Any],
+    history: list[dict[str, float]],
+    wandb_id: str,
+    datamodule: FederatedDataModule,
+    data_fingerprint: dict[str, str] | None,
+    config: dict[str, Any] | None,
+    run_dir: Path | None,
+) -> dict[str, Any]:
+    """The checkpoint of a run that has done ``round_done`` rounds."""
+    return {
+        "format": ckpt_io.FORMAT,
+        "round": round_done,
+        "seed": seed,
+        **model.state_dict(),
+        "strategy": {"class": type(strategy).__qualname__, "state": strategy.state_dict()},
+        "callbacks": [callback.state_dict() for callback in callbacks],
+        "torch_rng": torch.get_rng_state(),
+        "history": history,
+        "wandb_id": wandb_id,
+        "num_samples": datamodule.num_samples.tolist(),
+        "data_fingerprint": data_fingerprint,
+        "config": config,
+        "run_dir": None if run_dir is None else str(run_dir.resolve()),
+    }
+
+
+def check_checkpoint(
+    state: dict[str, Any],
+    *,
+    model: GlobalModel,
+    datamodule: FederatedDataModule,
+    data_fingerprint: dict[str, str],
+    strategy: Strategy,
+    seed: int,
+    config: dict[str, Any] | None,
+    evaluating: bool,
+) -> None:
+    """Refuses a checkpoint of another run, listing every difference. Evaluating it needs only the same model and
+    strategy: data, evaluation and training settings may differ."""
+    problems = model.checkpoint_problems(state)
+    if not evaluating and state["num_samples"] != datamodule.num_samples.tolist():
+        problems.append("its clients' sample counts differ from this --data partition")
+    else:
+        saved = state.get("data_fingerprint") or {}  # absent in checkpoints written before fingerprints
+        if saved.get("partition", data_fingerprint["partition"]) != data_fingerprint["partition"]:
+            problems.append("its clients hold other samples than this --data partition gives them")
+        if saved.get("samples", data_fingerprint["samples"]) != data_fingerprint["samples"]:
+            problems.append("the contents of the --data samples changed since it was written (same sizes)")
+    strategy_class = type(strategy).__qualname__
+    if state["strategy"]["class"] != strategy_class:
+        problems.append(f"it was trained with strategy {state['strategy']['class']}, not {strategy_class}")
+    if not evaluating and state["seed"] != seed:
+        problems.append(f"it was trained with seed_everything={state['seed']}, not {seed}")
+    if not evaluating and state["config"] is not None and config is not None:
+        problems += ckpt_io.config_differences(state["config"], config)
+    if problems:
+        raise ConfigError(
+            "The checkpoint passed as --ckpt_path belongs to another configuration:",
+            *(f"  - {p}" for p in problems),
+            "Resume with the configuration and data that wrote it (its run directory holds config.yaml); only "
+            "trainer.rounds, logging, evaluation/checkpoint cadence, devices, start method and memory layout "
+            "may change.",
+        )
+
+
+def load_run_state(
+    state: dict[str, Any], *, model: GlobalModel, strategy: Strategy, callbacks: list[Any]
+) -> tuple[int, list[dict[str, float]], str]:
+    """Loads a checkpoint into the model, the strategy, the callbacks and torch's generator; returns its round,
+    history and W&B run id."""
+    model.load_state_dict(state)
+    strategy.load_state_dict(state["strategy"]["state"])
+    for callback, callback_state in zip(callbacks, state.get("callbacks", []), strict=False):
+        callback.load_state_dict(callback_state)
+    torch.set_rng_state(state["torch_rng"])
+    return int(state["round"]), list(state["history"]), state["wandb_id"]

@@ -1,0 +1,676 @@
+"""``FederatedTrainer``: the round loop on Fabric, read top to bottom in :meth:`FederatedTrainer._rounds`.
+
+One round::
+
+    plan       sample K^t (strategy), mark the δ-fraction of stragglers, drop or keep them
+    local fit  on each rank, its share of the clients, one after another or vectorised, on one resident module
+    aggregate  weighted sums of the states as they finish (per cluster for clustered rules) → one all-reduce
+               → the strategy's server update; or the gathered states, for rules that need them all
+    evaluate   every ``eval_every`` rounds: the clients' held-out splits and the global test set
+    log        metrics.csv and W&B, the round (counted from 1) as the step
+    checkpoint every ``checkpoint_every`` rounds, at the end and when SIGINT/SIGTERM asked to stop, atomically
+
+The trainer keeps the signature and the loop; each concern is a piece of :mod:`fedlight.engine` that owns its
+state and receives only what it needs: the local fits (:mod:`~fedlight.engine.fits`,
+:mod:`~fedlight.engine.local_fit`, :mod:`~fedlight.engine.batched`), aggregation, evaluation, the run state in a
+checkpoint, failure guards, processes, the run folder, the console and the loggers. Strategies and round
+callbacks see the run through a :class:`~fedlight.context.RunContext`, passed as their hooks' first argument.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import logging
+import os
+import time
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from lightning.fabric import Fabric
+
+from fedlight import checkpoint as ckpt_io
+from fedlight.callbacks.base import RoundCallback
+from fedlight.clients.base import FederatedClient
+from fedlight.context import RunContext
+from fedlight.data.datamodule import FederatedDataModule
+from fedlight.engine.aggregation import Aggregation
+from fedlight.engine.config import (
+    BatchingSettings,
+    GuardSettings,
+    LoggerName,
+    LoggingSettings,
+    Precision,
+    ProcessSettings,
+    RoundSettings,
+    StartMethod,
+    WandbMode,
+)
+from fedlight.engine.console import RunConsole, counted
+from fedlight.engine.evaluation import Evaluator, format_scores
+from fedlight.engine.fits import RoundFits, round_counts
+from fedlight.engine.guards import FailureGuards, RoundAbandoned
+from fedlight.engine.hooks import Failure, call_callbacks, callback_error
+from fedlight.engine.launch import (
+    ClientParallelStrategy,
+    forks,
+    in_forked_processes,
+    missing_launcher,
+    resolve_threads,
+)
+from fedlight.engine.local_fit import LocalTraining, all_finite
+from fedlight.engine.loggers import RunLoggers, scalar_metrics, wandb_login_problems
+from fedlight.engine.model import GlobalModel, prepare_module
+from fedlight.engine.run_state import check_checkpoint, load_run_state, run_state
+from fedlight.engine.rundir import RunFolder, check_root, recorded_run_dir
+from fedlight.engine.setup import check_init_from, planned_rounds, prepare_data, rounds_left
+from fedlight.engine.stopping import StopRequest
+from fedlight.engine.streams import RandomStreams
+from fedlight.errors import ConfigError, RunInterrupted
+from fedlight.plans import ClientPlan
+from fedlight.state import FlatState
+from fedlight.strategies.base import Strategy
+from fedlight.strategies.functional import straggler_plan
+
+log = logging.getLogger(__name__)
+
+
+class FederatedTrainer:
+    """Runs federated rounds of a client module under a strategy.
+
+    Args:
+        rounds: number of communication rounds T.
+        clients_per_round: clients sampled each round, K' (10 in the papers).
+        local_epochs: local epochs F of a client that is not a straggler.
+        local_steps: if set, every client runs exactly this many optimizer steps per round instead of
+            ``local_epochs`` epochs (FedAU's and FedSLS's I local iterations), drawing full batches from
+            successive reshuffled epochs of its data. Needs ``straggler_fraction`` 0.
+        straggler_fraction: δ ∈ [0, 1], the share of each round's clients that can only do
+            F' ~ UniformInt{1, …, F−1} epochs; the strategy drops or tolerates them.
+        eval_every: evaluate the global model every this many rounds (and after the last one).
+        checkpoint_every: write ``checkpoints/last.ckpt`` every this many rounds (and after the last one, and
+            when SIGINT or SIGTERM stops the run); the one before stays as ``previous.ckpt``.
+        accelerator: Fabric accelerator: ``auto`` (as in Lightning: a GPU when one is visible, else the CPU),
+            ``cpu``, ``cuda`` or ``mps``.
+        threads: torch's intra-op threads in each process. ``auto``: on a CPU, one thread per process (or what
+            ``OMP_NUM_THREADS`` says, when it is set), which on 2–16 cores was never far from the fastest setting
+            and is many times faster than several threads when another job shares the cores
+            (``benchmarks/speed/README.md``); it also gives the same floats on every machine and with any number
+            of processes. On a GPU, ``auto`` keeps torch's default. An integer sets that many threads everywhere.
+        devices: processes per node; with more than one, each round's clients are spread over them
+            (greedy by size) and aggregated with one all-reduce.
+        num_nodes: number of nodes (launch with ``torchrun`` or SLURM as for any Fabric program).
+        start_method: how the ``devices`` processes of one machine start. ``popen`` (Fabric's ``ddp``) runs
+            the command again in every new process, which imports and builds everything anew; ``fork``
+            (``ddp_fork``) forks this process once it has imported them, which starts seconds sooner and also
+            works in notebooks. With ``fork`` the rounds run in the forked processes and rank 0's results
+            (global model, history, strategy and callback states) come back to this one; CUDA must not be
+            initialised before the fork. Multi-node launches (``torchrun``, SLURM) use ``popen``.
+        precision: Fabric precision applied inside each local step (``bf16-mixed`` autocasts the
+            client's forward pass); the global model and aggregation stay in fp32.
+        channels_last: keep the model's 4-D weights in channels-last (NHWC) memory layout, as timm's
+            ``--channels-last`` does. Convolutions and pooling of small CNNs on CPUs (oneDNN), and most
+            convolutions on GPUs under mixed precision, run faster in it; results then differ from the
+            default layout by float rounding. Models without 4-D weights are unaffected.
+        default_root_dir: where runs go: ``<default_root_dir>/<name>/version_<n>/``.
+        name: the experiment's folder name and W&B run name (the command line uses the first config file's name).
+        logger: where per-round metrics go besides the progress bar: ``csv`` (``metrics.csv``) and/or
+            ``wandb``.
+        wandb_project: W&B project; unset, ``WANDB_PROJECT`` or else ``fedlight``.
+        wandb_entity: W&B user or team that owns the run; unset, ``WANDB_ENTITY`` or else your default entity.
+        wandb_mode: ``offline`` needs no account or network (upload later with ``wandb sync``); unset,
+            ``WANDB_MODE`` or else ``offline``. ``WANDB_MODE=disabled`` turns W&B off whatever this says.
+        wandb_group: W&B group, to see runs together (e.g. the seeds of one table row).
+        wandb_tags: W&B tags of the run, for filtering in the W&B interface.
+        wandb_notes: a longer description of the run, shown in W&B.
+        enable_progress_bar: show progress over rounds and over the clients of a round.
+        callbacks: round callbacks (:class:`~fedlight.callbacks.RoundCallback`): analyses and pictures
+            between rounds, each with its own cadence; what they add to a round's metrics is logged.
+        seed: the run's seed, from which every random stream is derived. By default the seed that
+            ``lightning.seed_everything`` set (the command line's ``seed_everything``), else 0.
+        client_batching: train up to this many of a process's clients of a round together, as one vectorised
+            model (``auto``: as many as fit in 1 GiB of stacked parameters, gradients and optimizer state).
+            Each client keeps its own batches, optimizer state and step count; results equal sequential
+            training up to float rounding. Rounds that cannot be vectorised (BatchNorm, active dropout,
+            schedulers, strategies with client-side hooks) run sequentially, said once in the log.
+        compile_batched: compile the vectorised step with ``torch.compile`` (with ``client_batching`` only).
+            One graph per stack size (padded to a power of two) is compiled in the first rounds, several
+            seconds each on a CPU, after which a step of K clients costs a fraction of K plain steps; it pays
+            for runs of many rounds. Results equal the uncompiled ones up to float rounding.
+        init_from: start the run from another run's weights instead of the model's own initialisation: a
+            fedlight checkpoint (``<run_dir>/checkpoints/last.ckpt``, e.g. of a centralized source
+            pre-training run), a Lightning checkpoint, or a file holding a plain ``state_dict``. Weights only;
+            every key of the model must be found and no other key may be present. Ignored when resuming
+            (``--ckpt_path`` has its own weights).
+        max_update_ratio: a client whose state moved further than this many times ``‖W^t‖ + 1`` from the
+            model it started from (‖W_k − W^t‖ > ratio · (‖W^t‖ + 1)) is left out of the aggregate like a client
+            with NaN/Inf, with a warning, and counted in ``round/clients_outsized``: such a step comes from a
+            diverging local fit (a learning rate far too high), not from data. ``null`` turns the check off.
+        rewind: let ``--ckpt_path`` continue a run folder whose own last checkpoint is of a later round; its
+            later rounds are then replaced. Without it such a resume is refused, so nothing is lost by mistake.
+        gather_budget_mb: for rules that gather every client's state (robust aggregators, FedAtt), the most
+            memory, in MiB, that one gathered block of the round's ``[K, P]`` states may take on a process. Each
+            process keeps its own clients' states on its CPU; when K × P × 4 bytes exceed the budget, rules that
+            work by blocks (the robust aggregators, ALIE and IPM) read the states a block of columns at a time,
+            gathered from all processes, so no process holds every client's whole state. Rules that need whole
+            states read them at once whatever the budget, with a warning. ``trainer.gather_peak_nbytes`` reports
+            the largest block of the last round.
+        fail_fast: stop the run when a client's local fit raises an exception. By default such a client is left
+            out of the round, counted in ``round/clients_failed``, its traceback written to
+            ``<run_dir>/client_errors/round<r>_client<k>.txt`` and a warning printed; the run goes on unless every
+            client of a round failed. A ``ConfigError`` always stops the run.
+        rendezvous_timeout: seconds a process of a multi-process run waits for the others to join when the run
+            starts (the all-reduces of the rounds keep PyTorch's 30 minutes); after it the run stops with an error
+            naming the address, port and process count it waited for.
+    """
+
+    def __init__(
+        self,
+        rounds: int = 200,
+        clients_per_round: int = 10,
+        local_epochs: int = 20,
+        local_steps: int | None = None,
+        straggler_fraction: float = 0.0,
+        eval_every: int = 1,
+        checkpoint_every: int = 10,
+        accelerator: str = "auto",
+        threads: int | Literal["auto"] = "auto",
+        devices: int = 1,
+        num_nodes: int = 1,
+        start_method: StartMethod = "popen",
+        precision: Precision = "32-true",
+        channels_last: bool = False,
+        default_root_dir: str | Path = "runs",
+        name: str = "fedlight",
+        logger: list[LoggerName] | LoggerName | None = ("csv", "wandb"),
+        wandb_project: str | None = None,
+        wandb_entity: str | None = None,
+        wandb_mode: WandbMode | None = None,
+        wandb_group: str | None = None,
+        wandb_tags: list[str] | None = None,
+        wandb_notes: str | None = None,
+        enable_progress_bar: bool = True,
+        callbacks: list[RoundCallback] | None = None,
+        seed: int | None = None,
+        client_batching: int | Literal["auto"] | None = None,
+        compile_batched: bool = False,
+        init_from: str | Path | None = None,
+        max_update_ratio: float | None = 1000.0,
+        rewind: bool = False,
+        gather_budget_mb: float = 1024.0,
+        fail_fast: bool = False,
+        rendezvous_timeout: float = 300.0,
+    ) -> None:
+        loggers = (logger,) if isinstance(logger, str) else tuple(logger or ())
+        self.settings = RoundSettings(
+            rounds, clients_per_round, local_epochs, local_steps, straggler_fraction, eval_every, checkpoint_every
+        )
+        self.processes = ProcessSettings(
+            accelerator, devices, num_nodes, start_method, precision, threads, channels_last, rendezvous_timeout
+        )
+        self.batching = BatchingSettings(client_batching, compile_batched)
+        self.guard_settings = GuardSettings(max_update_ratio, fail_fast, gather_budget_mb)
+        self.logging = LoggingSettings(
+            Path(default_root_dir), name, loggers, wandb_project, wandb_entity, wandb_mode, wandb_group, wandb_tags,
+            wandb_notes, enable_progress_bar,
+        )  # fmt: skip
+        problems = [
+            *self.settings.problems(),
+            *self.processes.problems(),
+            *self.batching.problems(),
+            *self.guard_settings.problems(),
+            *missing_launcher(num_nodes, devices),
+            *wandb_login_problems(list(loggers), wandb_mode),
+            *check_root(Path(default_root_dir), name),
+        ]
+        if problems:
+            raise ConfigError(*problems)
+        self.init_from = None if init_from is None else Path(init_from)
+        self.rewind = rewind
+        # The command line seeds everything before instantiating anything; PL_GLOBAL_SEED is that seed.
+        self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+        self.streams = RandomStreams(self.seed)
+        parallel = None
+        if devices * num_nodes > 1:
+            parallel = ClientParallelStrategy(start_method=start_method, rendezvous_timeout=rendezvous_timeout)
+        self.fabric = Fabric(
+            accelerator=accelerator, devices=devices, num_nodes=num_nodes, precision=precision,
+            strategy=parallel or "auto", callbacks=callbacks,
+        )  # fmt: skip
+        #: intra-op threads of each process (None: torch's default)
+        self.num_threads = resolve_threads(threads, self.fabric.device)
+        if self.num_threads is not None:  # the data and the model are built in this process next
+            torch.set_num_threads(self.num_threads)
+        self.callbacks = list(callbacks or [])
+        self.context = RunContext(self)
+        self.console = RunConsole(enabled=False, progress_bar=False)  # fit sets up the run's own
+        self.run_dir: Path | None = None
+        self.history: list[dict[str, float]] = []
+        self.round = 0
+        self.round_plans: list[ClientPlan] = []
+        self.model: GlobalModel | None = None  # the resident module and W^t, once a run is set up
+        #: digests of the partition and the samples (``checkpoint.data_fingerprint``), checked on resume
+        self.data_fingerprint: dict[str, str] | None = None
+        self._forked = False  # true inside the processes that start_method=fork created
+        self._folder: RunFolder | None = None
+        self._interrupted: RunInterrupted | None = None
+        self._stop: StopRequest | None = None  # the run's stop request, looked at between clients
+        self._planned_rounds: int | None = None  # trainer.rounds of the checkpoint that was loaded, if it says
+        self._saved_round: int | None = None  # the round that checkpoints/last.ckpt holds, once this run wrote it
+
+    @property
+    def rounds(self) -> int:
+        """T, the number of rounds."""
+        return self.settings.rounds
+
+    @property
+    def name(self) -> str:
+        """The run's name: its folder's and its W&B run's."""
+        return self.logging.name
+
+    @property
+    def global_state(self) -> torch.Tensor:
+        """W^t, the ``[P]`` fp32 federated state of the global model (the bank's global member)."""
+        return self.model.global_state
+
+    # What a script reads of a run, named as the hooks' RunContext names it.
+    module = property(lambda self: self.model.module, doc="The resident client module.")
+    layout = property(lambda self: self.model.layout, doc="Its federated layout.")
+    bank = property(lambda self: self.model.bank, doc="The model bank; its global member is W^t.")
+    global_integers = property(lambda self: self.model.integers, doc="W^t's integer buffers.")
+    round_rng = property(lambda self: self.streams.round_rng, doc="Round t's server-side generator.")
+    strategy_rng = property(lambda self: self.streams.strategy_rng, doc="Round t's generator of the rule.")
+    client_seed = property(lambda self: self.streams.client_seed, doc="The seed of client k in round t.")
+    gather_peak_nbytes = property(
+        lambda self: self.aggregation.gather_peak_nbytes, doc="The last round's largest block."
+    )
+    aggregation_nbytes = property(lambda self: self.fits.aggregation_nbytes, doc="The last round's sums and W^t.")
+
+    def global_module(self) -> FederatedClient:
+        """The resident module with W^t loaded, in eval mode."""
+        return self.model.evaluation_module()
+
+    # -- public entry points ----------------------------------------------------------------------
+    def fit(
+        self,
+        model: FederatedClient,
+        datamodule: FederatedDataModule,
+        strategy: Strategy,
+        ckpt_path: str | Path | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> dict[str, float]:
+        """Trains for ``rounds`` rounds, or continues the run saved at ``ckpt_path``.
+
+        Args:
+            model: the client module; its current weights are the initial global model W^0.
+            datamodule: the federated data.
+            strategy: the aggregation rule.
+            ckpt_path: a ``last.ckpt`` to resume from; the run continues in the run folder the checkpoint records
+                (or, for a moved folder, the one around its ``checkpoints/``), which no other process may be
+                writing and whose own last checkpoint must not be of a later round (see ``rewind``).
+            config: the resolved configuration, saved with checkpoints and sent to the loggers.
+
+        Returns:
+            The last round's metrics.
+
+        Raises:
+            RunInterrupted: after SIGINT (Ctrl-C) or SIGTERM: the run stopped once the client in training finished,
+                dropping the unfinished round (or, for a signal after the round's clients, after that round), and
+                wrote a checkpoint (a second signal stops it at once); the exception names the checkpoint.
+        """
+        self._interrupted = None
+        try:
+            result = self._in_processes(self._fit, model, datamodule, strategy, ckpt_path, config)
+        except KeyboardInterrupt as err:  # a second signal, or one before the rounds began
+            if isinstance(err, RunInterrupted):
+                raise
+            last = (self.run_dir / "checkpoints" / ckpt_io.LAST).absolute() if self.run_dir is not None else None
+            saved = ckpt_io.saved_round(last) if last is not None else None
+            name = str(err.args[0]) if err.args and str(err.args[0]).startswith("SIG") else "SIGINT"
+            raise RunInterrupted(name, last if saved is not None else None, saved, saved=False) from None
+        if self._interrupted is not None:
+            raise self._interrupted
+        return result
+
+    def validate(
+        self,
+        model: FederatedClient,
+        datamodule: FederatedDataModule,
+        strategy: Strategy,
+        ckpt_path: str | Path | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> dict[str, float]:
+        """Evaluates the global model (of ``ckpt_path`` if given) on every client's held-out split."""
+        return self._in_processes(self._evaluate_only, model, datamodule, strategy, ckpt_path, config, clients=True)
+
+    def test(
+        self,
+        model: FederatedClient,
+        datamodule: FederatedDataModule,
+        strategy: Strategy,
+        ckpt_path: str | Path | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> dict[str, float]:
+        """Evaluates the global model (of ``ckpt_path`` if given) on the global test set."""
+        return self._in_processes(self._evaluate_only, model, datamodule, strategy, ckpt_path, config, clients=False)
+
+    def _fit(self, model, datamodule, strategy, ckpt_path, config) -> dict[str, float]:
+        try:
+            self._setup(model, datamodule, strategy, ckpt_path, config)
+            if self.round == self.rounds:
+                if self.fabric.global_rank == 0:
+                    print(
+                        f"fedlight: {ckpt_path} holds all {counted(self.rounds, 'round')}; nothing to resume. Raise "
+                        "--trainer.rounds to continue the run."
+                    )
+                return dict(self.history[-1]) if self.history else {}
+            with StopRequest(announce=self.fabric.global_rank == 0) as stop:
+                return self._rounds(stop)
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT) or self.run_dir is None:
+                raise
+            last = self.run_dir / "checkpoints" / ckpt_io.LAST
+            advice = (
+                f"the last checkpoint is intact: free space and resume with --ckpt_path {last}"
+                if last.is_file()
+                else "no checkpoint was written yet: free space and start again"
+            )
+            raise ConfigError(
+                f"No space left on the disk while writing the run's files in {self.run_dir}; {advice}."
+            ) from None
+        finally:
+            if self._folder is not None:
+                self._folder.release()
+
+    # -- the rounds ----------------------------------------------------------------------------------
+    def _rounds(self, stop: StopRequest) -> dict[str, float]:
+        """The rounds from ``self.round`` on, until a stop request: one met while clients train drops the unfinished
+        round once the client in training finishes and checkpoints the state the round started from; one met
+        later ends the round with a checkpoint.
+
+        A round callback that raises in a round's hooks or at the end does not lose the rounds done: the round
+        is logged and checkpointed first, then the run stops with :class:`CallbackFailed` naming the callback
+        and the checkpoint (a :class:`ConfigError` stays one, with the checkpoint added).
+        """
+        fabric, context, settings = self.fabric, self.context, self.settings
+        last_ckpt = self.run_dir / "checkpoints" / ckpt_io.LAST
+        self._stop = stop
+        fabric.call("on_fit_start", context)
+        self.strategy.on_fit_start(context)
+        self.model.setup_clusters(self.strategy)
+        console = self._start_console()
+        first = self.round
+        metrics: dict[str, float] = self.history[-1] if self.history else {}
+        for round_idx in range(self.round, self.rounds):
+            started = time.perf_counter()
+            start_state = self._round_start_state(round_idx)
+            failure = call_callbacks(self.callbacks, "on_round_start", context, round_idx)
+            if failure is not None:
+                if self.round > first:  # the rounds since the last checkpoint
+                    self.save_checkpoint(last_ckpt)
+                raise self._callback_failure(failure, metrics, self.round - first)
+            try:
+                metrics = {"round": float(round_idx + 1), **self._run_round(round_idx)}  # counted from 1
+            except RoundAbandoned:
+                return self._abandon(round_idx, start_state, metrics, first)
+            if settings.evaluates_after(round_idx):
+                metrics.update(self.evaluator.evaluate(clients=True, test=True))
+            self.round = round_idx + 1
+            failure = call_callbacks(self.callbacks, "on_round_end", context, round_idx, metrics)
+            metrics["round/time_s"] = time.perf_counter() - started
+            metrics = self._log(metrics)
+            stopping = stop.agreed(self.fabric)
+            last = self.round == self.rounds
+            if self.round % settings.checkpoint_every == 0 or last or stopping or failure is not None:
+                self.save_checkpoint(last_ckpt)
+                self._saved_round = self.round
+            console.round_end(round_idx, self.rounds, metrics)
+            if failure is not None:
+                raise self._callback_failure(failure, metrics, self.round - first)
+            if stopping and not last:
+                console.end(metrics, self.run_dir, self.round - first)
+                self.run_loggers.finish()
+                self._interrupted = RunInterrupted(stop.requested or "SIGINT", last_ckpt.absolute(), self.round, True)
+                return metrics
+        failure = call_callbacks(self.callbacks, "on_fit_end", context)
+        if failure is not None:
+            raise self._callback_failure(failure, metrics, self.round - first)
+        self.run_loggers.finish()
+        console.end(metrics, self.run_dir, self.round - first)
+        return metrics
+
+    def _run_round(self, round_idx: int) -> dict[str, float]:
+        """Plan → local fit → aggregate; returns the round's training metrics."""
+        model, strategy = self.model, self.strategy
+        plans = self._plan(round_idx)
+        self.round_plans = plans  # for hooks that look at the round's clients (e.g. MMD over K^t)
+        strategy.on_round_start(self.context, round_idx, plans)
+        updates, sums, states, integers = self.fits.run(round_idx, plans, self._stop)
+        aggregated = [u for u in updates if u.finite]
+        if not aggregated:
+            warnings.warn(
+                f"No client state was aggregated in round {round_idx + 1}; the global model stays as it was.",
+                stacklevel=1,
+            )
+        elif strategy.gather_states:
+            model.global_state = self.aggregation.gathered(model.global_state, states, aggregated)
+        else:
+            model.global_state = self.aggregation.streamed(model.bank, sums, aggregated)
+        model.integers.update(integers)
+        if not all_finite(model.global_state):
+            raise self.guards.diverged(round_idx, type(strategy).__name__)
+        self.guards.warn_failed(round_idx, [u for u in updates if "error" in u.payload], len(updates))
+        return {
+            **round_counts(plans, updates, aggregated),
+            **strategy.on_round_end(self.context, round_idx, aggregated),
+        }
+
+    def _plan(self, round_idx: int) -> list[ClientPlan]:
+        """K^t from the strategy and the δ-fraction of stragglers, all drawn from the round's stream."""
+        settings, rng = self.settings, self.streams.round_rng(round_idx)
+        clients = self.strategy.sample_clients(self.datamodule.num_samples, settings.clients_per_round, rng)
+        stragglers, epochs = straggler_plan(len(clients), settings.straggler_fraction, settings.local_epochs, rng)
+        return [
+            ClientPlan(int(c), int(e), bool(s), dropped=bool(s) and not self.strategy.tolerate_stragglers)
+            for c, e, s in zip(clients, epochs, stragglers, strict=True)
+        ]
+
+    # -- callbacks, stops and the run's end ------------------------------------------------------------
+    def _start_console(self) -> RunConsole:
+        """The run's console, with its start line; the local fits show their clients' bar on it."""
+        settings = self.settings
+        console = self.console = self.fits.console = RunConsole(
+            self.fabric.global_rank == 0, self.logging.enable_progress_bar
+        )
+        console.start(
+            name=self.name, run_dir=self.run_dir, seed=self.seed, clients=self.datamodule.num_clients,
+            per_round=settings.clients_per_round, first=self.round, rounds=settings.rounds,
+            strategy=type(self.strategy).__name__,
+        )  # fmt: skip
+        return console
+
+    def _callback_failure(self, failure: Failure, metrics: dict[str, float], rounds_run: int) -> Exception:
+        """Ends the run whose callback raised (loggers closed, summary printed) after its rounds were saved."""
+        self.run_loggers.finish()
+        self.console.end(metrics, self.run_dir, rounds_run)
+        last = (self.run_dir / "checkpoints" / ckpt_io.LAST).absolute() if self.run_dir is not None else None
+        return callback_error(failure, last)
+
+    def _round_start_state(self, round_idx: int) -> bytes | None:
+        """Rank 0's run state as round ``round_idx`` starts, serialised, for a stop that drops the round; None
+        when ``last.ckpt`` holds it already (and on other ranks, which write no checkpoint)."""
+        if self.fabric.global_rank != 0 or self._saved_round == round_idx:
+            return None
+        buffer = io.BytesIO()
+        torch.save(self._run_state(), buffer)
+        return buffer.getvalue()
+
+    def _abandon(self, round_idx: int, start_state: bytes | None, metrics: dict[str, float], first: int):
+        """Ends the run in round ``round_idx`` after a stop request met between its clients: the partial round is
+        dropped, nothing of it is aggregated, and ``last.ckpt`` holds the state the round started from, which
+        this process takes back, so that a resume repeats the round exactly."""
+        path = self.run_dir / "checkpoints" / ckpt_io.LAST
+        if self.fabric.global_rank == 0:
+            if start_state is None:
+                state = ckpt_io.load(path)
+            else:
+                state = torch.load(io.BytesIO(start_state), map_location="cpu", weights_only=True)
+                ckpt_io.save_atomic(state, path)
+            self._load_run_state(state)
+            if self.model.bank.num_clusters and state["bank"] is not None:
+                self.model.bank.load_state_dict(state["bank"])
+        self.fabric.barrier()
+        self.round = self._saved_round = round_idx
+        self.console.end(metrics, self.run_dir, round_idx - first)
+        self.run_loggers.finish()
+        name = self._stop.requested or "SIGTERM"  # no name here: another process received the signal
+        self._interrupted = RunInterrupted(name, path.absolute(), round_idx, saved=True, dropped=True)
+        return metrics
+
+    # -- evaluation only -----------------------------------------------------------------------------
+    def _evaluate_only(self, model, datamodule, strategy, ckpt_path, config, clients: bool) -> dict[str, float]:
+        self._setup(model, datamodule, strategy, ckpt_path, config, logging=False, evaluating=True)
+        self.model.setup_clusters(strategy)
+        if self.fabric.global_rank == 0:
+            what = "the clients' held-out splits" if clients else "the global test set"
+            if ckpt_path is None:
+                scored = "the model as built (no --ckpt_path: no round trained)"
+            else:
+                of = "" if self._planned_rounds is None else f" of {self._planned_rounds}"
+                scored = f"{ckpt_path}, the global model of round {self.round}{of}"
+            print(f"fedlight: scoring {scored} on {what}")
+        metrics = scalar_metrics(self.evaluator.evaluate(clients=clients, test=not clients))
+        if self.fabric.global_rank == 0:
+            print(format_scores(metrics))
+        return metrics
+
+    # -- processes -----------------------------------------------------------------------------------
+    def _in_processes(self, work, model, datamodule, strategy, *args, **kwargs) -> dict[str, float]:
+        """Runs ``work`` on every rank: here (one process, or ``popen``, where this process is rank 0 and
+        ``_setup`` starts the others), or in forked processes whose rank-0 outcome this process adopts."""
+        if not forks(self.fabric) or self._forked:
+            return work(model, datamodule, strategy, *args, **kwargs)
+
+        def forked() -> dict[str, float]:
+            self._forked = True
+            return work(model, datamodule, strategy, *args, **kwargs)
+
+        def outcome(result: dict[str, float]) -> dict[str, Any]:
+            return {
+                "result": result,
+                "state": self._run_state(),
+                "run_dir": self.run_dir,
+                "interrupted": self._interrupted,
+            }
+
+        handed = in_forked_processes(self.fabric, forked, outcome)
+        self._adopt(handed, model, datamodule, strategy)
+        return handed["result"]
+
+    def _adopt(self, outcome: dict[str, Any], model, datamodule, strategy) -> None:
+        """Takes over rank 0's outcome in the process that forked the ranks: W^T in ``model``, the history,
+        the strategy's and callbacks' states, as if the rounds had run here."""
+        state = outcome["state"]
+        self.datamodule, self.strategy, self.config = datamodule, strategy, state["config"]
+        self.model = GlobalModel(model, FlatState(model, getattr(model, "frozen_modules", ())), torch.device("cpu"))
+        self._load_run_state(state)
+        self.model.load()
+        self.run_dir = outcome["run_dir"]
+        self.data_fingerprint = state.get("data_fingerprint")
+        self._interrupted = outcome.get("interrupted")
+
+    # -- set-up ------------------------------------------------------------------------------------
+    def _setup(
+        self,
+        model: FederatedClient,
+        datamodule: FederatedDataModule,
+        strategy: Strategy,
+        ckpt_path: str | Path | None,
+        config: dict[str, Any] | None,
+        logging: bool = True,
+        evaluating: bool = False,
+    ) -> None:
+        fabric = self.fabric
+        check_init_from(self.init_from, ckpt_path)
+        if not self._forked:  # forked processes were launched already
+            fabric.launch()
+        if self.num_threads is not None:  # after the launcher, which gives each process a share of the cores
+            torch.set_num_threads(self.num_threads)
+        self.datamodule, self.data_fingerprint = prepare_data(
+            datamodule, self.settings.clients_per_round, fabric.device
+        )
+        self.strategy, self.config = strategy, config
+        users = () if evaluating else (strategy, *self.callbacks)  # evaluation runs neither rule nor callbacks
+        self.model = prepare_module(
+            model, datamodule, users, fabric, self.processes.channels_last, self.init_from, ckpt_path is not None
+        )
+        self._build_pieces()
+        # A W&B sweep agent names the run it launched; otherwise the run gets a fresh id.
+        self.wandb_id = os.environ.get("WANDB_RUN_ID") or uuid.uuid4().hex[:8]
+        self.round, self.history = 0, []
+        state = None
+        if ckpt_path is not None:
+            state = ckpt_io.load(ckpt_path)
+            check_checkpoint(
+                state, model=self.model, datamodule=self.datamodule, data_fingerprint=self.data_fingerprint,
+                strategy=strategy, seed=self.seed, config=config, evaluating=evaluating,
+            )  # fmt: skip
+            self._load_run_state(state)
+            self._planned_rounds = planned_rounds(state)
+            if logging and not rounds_left(ckpt_path, state, self.rounds):  # finished: its files are left alone
+                self.run_dir = None
+                return
+        run_dir = None
+        if fabric.global_rank == 0:
+            if logging:
+                self._folder = RunFolder(self.logging.default_root_dir / self.name, self.rewind)
+                run_dir = self._folder.resumed(Path(ckpt_path), state) if state is not None else self._folder.new()
+            elif state is not None:
+                run_dir = recorded_run_dir(Path(ckpt_path), state)
+        self.run_dir = fabric.broadcast(run_dir)
+        self.wandb_id = fabric.broadcast(self.wandb_id)
+        if logging:
+            self.run_loggers.start(self.run_dir, self.config, self.history, self.wandb_id)
+
+    def _build_pieces(self) -> None:
+        """The engine's pieces for the run just set up, each given only what it needs."""
+        fabric, rank = self.fabric, self.fabric.global_rank
+        self.training = LocalTraining(
+            self.model, self.datamodule, self.strategy, self.context, fabric, self.streams, self.settings
+        )
+        self.guards = FailureGuards(self.guard_settings, lambda: self.run_dir, rank)
+        self.fits = RoundFits(
+            self.training, self.guards, self.batching, fabric, self.console, self.guard_settings.fail_fast
+        )
+        self.aggregation = Aggregation(self.strategy, self.guard_settings.gather_budget_mb, rank)
+        self.evaluator = Evaluator(self.model, self.datamodule, self.strategy, self.context, fabric)
+        self.run_loggers = RunLoggers(self.logging, rank)
+
+    # -- checkpoints and logs ----------------------------------------------------------------------------
+    def save_checkpoint(self, path: str | Path) -> None:
+        """Writes the whole run state atomically (rank 0 only)."""
+        if self.fabric.global_rank == 0:
+            ckpt_io.save_atomic(self._run_state(), path)
+        self.fabric.barrier()
+
+    def _run_state(self) -> dict[str, Any]:
+        return run_state(
+            round_done=self.round, seed=self.seed, model=self.model, strategy=self.strategy, callbacks=self.callbacks,
+            history=self.history, wandb_id=self.wandb_id, datamodule=self.datamodule,
+            data_fingerprint=self.data_fingerprint, config=self.config, run_dir=self.run_dir,
+        )  # fmt: skip
+
+    def _load_run_state(self, state: dict[str, Any]) -> None:
+        self.round, self.history, self.wandb_id = load_run_state(
+            state, model=self.model, strategy=self.strategy, callbacks=self.callbacks
+        )
+
+    def _log(self, metrics: dict[str, Any]) -> dict[str, float]:
+        """Logs one round; returns its scalar metrics, which the history, CSV and checkpoints keep."""
+        scalars = scalar_metrics(metrics)
+        self.history.append(scalars)
+        self.run_loggers.log(scalars, metrics)
+        return scalars
