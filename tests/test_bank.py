@@ -18,9 +18,9 @@ from fedlight.bank import cluster_entry_names
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
 from fedlight.data.base import FederatedDataset, LabelledTensors
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.strategies import ClusteredFedAvg
-from fedlight.engine.trainer import FederatedTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = [10, 20, 30]

@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from fedlight.engine.batched import BatchedLocalFit, batching_blocker
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
+from fedlight.engine.batched import BatchedLocalFit, batching_blocker
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.state import FlatState
 from fedlight.strategies import FedAvg, FedProx
 from fedlight.testing import ClientImages
-from fedlight.engine.trainer import FederatedTrainer
 
 # Summation order inside a batched matrix product differs from K separate ones. In fp32 an ulp of
 # difference per step compounds through small-batch SGD over a run (measured: 4e-4 after 5 rounds of 5

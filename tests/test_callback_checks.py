@@ -14,10 +14,10 @@ from fedlight.callbacks.base import CallbackFailed, RoundCallback
 from fedlight.cli import main
 from fedlight.clients.base import FederatedClient
 from fedlight.clients.classification import ClassificationClient
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.metrics.classification import GroupedClassification
 from fedlight.strategies import MOON, FedCCMOON, FedProto, RobustAggregation
-from fedlight.engine.trainer import FederatedTrainer
 from tests.callbacks.small_run import make_data, make_trainer
 
 REPO = Path(__file__).resolve().parents[1]

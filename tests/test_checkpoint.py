@@ -12,10 +12,10 @@ import torch
 from fedlight import checkpoint as ckpt_io
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, NpzDataset, Synthetic
-from fedlight.errors import ConfigError
 from fedlight.engine.loggers import RoundCSV
-from fedlight.strategies import FedAvg
 from fedlight.engine.trainer import FederatedTrainer
+from fedlight.errors import ConfigError
+from fedlight.strategies import FedAvg
 
 
 def make_model(seed=0, hidden=16):

@@ -11,8 +11,8 @@ import pytest
 
 from fedlight.cli import main
 from fedlight.engine.launch import LAUNCHER_VARIABLES
-from fedlight.errors import ConfigError
 from fedlight.engine.trainer import FederatedTrainer
+from fedlight.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 SYNTHETIC = str(REPO / "conf/fedproto/synthetic/fedavg_delta0.yaml")

@@ -15,11 +15,11 @@ import torch
 from fedlight import checkpoint as ckpt_io
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Synthetic
-from fedlight.errors import ConfigError
 from fedlight.engine.rundir import LOCK_NAME, RunLock, new_version_dir
+from fedlight.engine.trainer import FederatedTrainer
+from fedlight.errors import ConfigError
 from fedlight.strategies import FedAvg
 from fedlight.testing import Kill, KillAfterRound
-from fedlight.engine.trainer import FederatedTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 

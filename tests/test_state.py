@@ -8,9 +8,9 @@ from fedlight import checkpoint as ckpt_io
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
 from fedlight.data.base import FederatedDataset, LabelledTensors
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.state import FlatState, frozen_state_names
 from fedlight.strategies import FedAvg
-from fedlight.engine.trainer import FederatedTrainer
 
 WIDTH = 2200  # backbone width: 16·2200 + 2200 + 2·2200 + 2200² + 2200 ≈ 4.9M parameters
 CLASSES = 22  # head: 2200·22 + 22 = 48,422 parameters

@@ -19,10 +19,10 @@ from fedlight.callbacks import RoundCallback
 from fedlight.cli import main
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Synthetic
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import RunInterrupted
 from fedlight.strategies import FedAvg
 from fedlight.testing import SignalAtRound
-from fedlight.engine.trainer import FederatedTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 SYNTHETIC = str(REPO / "conf/fedproto/synthetic/fedavg_delta0.yaml")

@@ -6,11 +6,11 @@ from torch import nn
 
 from fedlight import checkpoint as ckpt_io
 from fedlight.data import FederatedDataModule
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.state import FlatState
 from fedlight.strategies import FedAvg
 from fedlight.teachers import Teachers
 from fedlight.testing import ScalarClient, ScalarDataset
-from fedlight.engine.trainer import FederatedTrainer
 
 
 class DistilledScalar(ScalarClient):

@@ -11,11 +11,11 @@ from fedlight.callbacks import RoundCallback
 from fedlight.clients import ClassificationClient
 from fedlight.data import Digits, FederatedDataModule, Synthetic
 from fedlight.data.partition import PowerLaw
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.state import FlatState
 from fedlight.strategies import FedAvg
 from fedlight.testing import Kill, KillAfterRound, ScalarClient, ScalarDataset
-from fedlight.engine.trainer import FederatedTrainer
 
 
 def synthetic_data():

@@ -46,11 +46,11 @@ from fedlight.clients.stego import _correlation, sample_at, sample_coordinates
 from fedlight.data import FederatedDataModule, StreetScenes
 from fedlight.data.knn import knn_indices
 from fedlight.data.street_scenes import PIXEL_MEAN, PIXEL_STD
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.models.patch_features import build_patch_backbone
 from fedlight.state import FlatState
 from fedlight.strategies import FedCC
 from fedlight.strategies.fedcc_figures import centroid_maps, plot_centroid_maps
-from fedlight.trainer import FederatedTrainer
 
 
 @torch.no_grad()

@@ -23,8 +23,8 @@ import torch
 
 from fedlight.clients import SelfTrainingClient
 from fedlight.data import FederatedDataModule, StyleCities
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.strategies import LADD
-from fedlight.trainer import FederatedTrainer
 
 
 class TimedLADD(LADD):

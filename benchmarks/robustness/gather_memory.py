@@ -28,9 +28,9 @@ def one(aggregator: str, budget_mb: float) -> dict:
     sys.path.insert(0, str(REPO))
     from fedlight.clients import ClassificationClient
     from fedlight.data import FederatedDataModule
+    from fedlight.engine.trainer import FederatedTrainer
     from fedlight.strategies import RobustAggregation
     from fedlight.testing import ClientImages
-    from fedlight.trainer import FederatedTrainer
 
     torch.set_num_threads(1)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -39,8 +39,8 @@ def measure(size: int, clients_per_round: int, local_epochs: int, root: str) -> 
     from fedlight.data import FederatedDataModule, Scenes
     from fedlight.data.partition import DirichletPowerLaw
     from fedlight.data.transforms import RandomScaleCropFlip
+    from fedlight.engine.trainer import FederatedTrainer
     from fedlight.strategies import FedAvg
-    from fedlight.trainer import FederatedTrainer
 
     torch.manual_seed(0)
     data = FederatedDataModule(

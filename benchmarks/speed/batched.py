@@ -5,7 +5,7 @@ All runs are ``FederatedTrainer.fit`` with the same workload, seed and FedAvg; t
 drifting machine load hits all three. The compiled runs' graphs are compiled inside their first rounds (and
 cached on disk by torch, so a repeat compiles faster): their whole-run time says what that costs.
 Reported: rounds/s (median over rounds after the first, from the engine's ``round/time_s``), their ratio,
-the largest difference between the final global models (float rounding: see fedlight/batched.py), and
+the largest difference between the final global models (float rounding: see fedlight/engine/batched.py), and
 the memory of the stacked client states (K × P parameters plus their gradients and optimizer state).
 
 Workloads:
@@ -40,8 +40,8 @@ from fedlight.clients import ClassificationClient  # noqa: E402
 from fedlight.data import Digits, FederatedDataModule, Synthetic  # noqa: E402
 from fedlight.data.base import FederatedDataset, LabelledTensors  # noqa: E402
 from fedlight.data.partition import PowerLaw  # noqa: E402
+from fedlight.engine.trainer import FederatedTrainer  # noqa: E402
 from fedlight.strategies import FedAvg  # noqa: E402
-from fedlight.trainer import FederatedTrainer  # noqa: E402
 
 
 class CrossDevice(FederatedDataset):

@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SEED = 0
 CHECKPOINT_EVERY = 10
-# Stream tags of fedlight's seed sequences (fedlight/trainer.py), so every engine draws the same numbers.
+# Stream tags of fedlight's seed sequences (fedlight/engine/trainer.py), so every engine draws the same numbers.
 _ROUND_STREAM, _CLIENT_STREAM = 0, 1
 
 FLOWER_INSTALL = (
@@ -335,8 +335,8 @@ def run_floor(args: argparse.Namespace, work: Workload) -> dict[str, Any]:
 # -- fedlight ----------------------------------------------------------------------------------------------
 def run_fedlight(args: argparse.Namespace, work: Workload, batched: bool = False) -> dict[str, Any] | None:
     from fedlight.callbacks.base import RoundCallback
+    from fedlight.engine.trainer import FederatedTrainer
     from fedlight.strategies import FedAvg
-    from fedlight.trainer import FederatedTrainer
 
     device = torch.device(args.accelerator)
 

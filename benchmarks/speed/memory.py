@@ -55,8 +55,8 @@ def run_child(args: argparse.Namespace) -> dict:
     from fedlight.clients import ClassificationClient
     from fedlight.data import Digits, FederatedDataModule, LabelledTensors, Synthetic
     from fedlight.data.partition import PowerLaw
+    from fedlight.engine.trainer import FederatedTrainer
     from fedlight.strategies import FedAvg
-    from fedlight.trainer import FederatedTrainer
 
     class TiledDigits(Digits):
         """The digits pool repeated, so that 1000 two-class clients fit the MNIST protocol."""

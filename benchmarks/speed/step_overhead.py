@@ -43,9 +43,9 @@ def main() -> None:
     torch.set_num_threads(1)
     work: harness.Workload = importlib.import_module(args.workload).WORKLOAD
 
+    from fedlight.engine.trainer import FederatedTrainer
     from fedlight.strategies import FedAvg
     from fedlight.strategies.base import ClientPlan
-    from fedlight.trainer import FederatedTrainer
 
     with tempfile.TemporaryDirectory() as tmp:
         exported_path = Path(tmp) / "data.pt"

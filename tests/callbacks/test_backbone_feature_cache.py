@@ -4,8 +4,8 @@ from fedlight.callbacks.backbone_feature_cache import BackboneFeatureCache
 from fedlight.clients.unsupervised import UnsupervisedSegmentationClient
 from fedlight.data import FederatedDataModule
 from fedlight.data.street_scenes import StreetScenes
-from fedlight.strategies import FedAvg
 from fedlight.engine.trainer import FederatedTrainer
+from fedlight.strategies import FedAvg
 
 
 def test_a_federated_round_trains_from_the_cache_and_sums_only_head_centroids_and_probe(tmp_path):

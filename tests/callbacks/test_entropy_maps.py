@@ -13,8 +13,8 @@ from fedlight.clients import SegmentationClient
 from fedlight.data import FederatedDataModule, Scenes
 from fedlight.data.labels import MACRO_CLASSES, VOC_CLASSES
 from fedlight.data.partition import DirichletPowerLaw
-from fedlight.strategies import FedAvg
 from fedlight.engine.trainer import FederatedTrainer
+from fedlight.strategies import FedAvg
 
 
 def test_grids_scalars_and_tsne_of_a_short_run(tmp_path):

@@ -11,8 +11,8 @@ from fedlight.callbacks.figures import class_colours
 from fedlight.clients import SegmentationClient
 from fedlight.data import FederatedDataModule, Scenes
 from fedlight.data.partition import DirichletPowerLaw
-from fedlight.strategies import FedAvg
 from fedlight.engine.trainer import FederatedTrainer
+from fedlight.strategies import FedAvg
 
 
 def _saved_figures(monkeypatch, run):

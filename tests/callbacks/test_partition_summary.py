@@ -6,8 +6,8 @@ from fedlight.callbacks import PartitionSummary
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Scenes
 from fedlight.data.partition import DirichletPowerLaw
-from fedlight.strategies import FedAvg
 from fedlight.engine.trainer import FederatedTrainer
+from fedlight.strategies import FedAvg
 
 
 def test_summary_of_the_runs_partition_is_saved(tmp_path):

@@ -8,9 +8,9 @@ from fedlight.callbacks import FeatureTSNE
 from fedlight.clients import ClassificationClient
 from fedlight.data import Digits, FederatedDataModule
 from fedlight.data.partition import Dirichlet
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.strategies import FedAvg
-from fedlight.engine.trainer import FederatedTrainer
 
 
 def digits_tsne(tmp_path, tsne):

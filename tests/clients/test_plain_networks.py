@@ -9,9 +9,9 @@ from torch import nn
 
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Synthetic
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.strategies import MOON, FedAvg, FedDecorr, FedProto
-from fedlight.engine.trainer import FederatedTrainer
 
 
 class ForwardOnly(nn.Module):

@@ -7,8 +7,8 @@ from fedlight.clients import LocalFit, SegmentationClient
 from fedlight.data import FederatedDataModule, FederatedDataset, LabelledTensors, Scenes
 from fedlight.data.partition import DirichletPowerLaw
 from fedlight.data.transforms import RandomScaleCropFlip
-from fedlight.strategies import FedAvg
 from fedlight.engine.trainer import FederatedTrainer
+from fedlight.strategies import FedAvg
 
 TINY = {"encoder_weights": None, "decoder_channels": 16}
 

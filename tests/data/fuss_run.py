@@ -5,8 +5,8 @@ import torch
 from fedlight.callbacks import BackboneFeatureCache
 from fedlight.clients import UnsupervisedSegmentationClient
 from fedlight.data import FederatedDataModule
-from fedlight.strategies import FedCC
 from fedlight.engine.trainer import FederatedTrainer
+from fedlight.strategies import FedCC
 
 
 def one_round(tmp_path, dataset, clients, partitioner=None):

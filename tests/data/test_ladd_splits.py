@@ -12,9 +12,9 @@ from fedlight.data import FederatedDataModule
 from fedlight.data.labels import CITYSCAPES_19_CLASSES, CITYSCAPES_27, CROSSCITY_13_CLASSES
 from fedlight.data.ladd_splits import CITYSCAPES_19, CROSSCITY_13, GTA5, CityscapesFFREEDA, CrossCity, Mapillary
 from fedlight.data.partition import Natural
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.strategies import LADD
-from fedlight.engine.trainer import FederatedTrainer
 
 H, W = 16, 32
 

@@ -132,8 +132,8 @@ def test_missing_dataset_says_what_to_download(tmp_path):
 def test_a_federated_round_reads_the_lazy_pool(tmp_path):
     from fedlight.clients import SegmentationClient
     from fedlight.data.transforms import RandomScaleCropFlip
-    from fedlight.strategies import FedProto
     from fedlight.engine.trainer import FederatedTrainer
+    from fedlight.strategies import FedProto
 
     _write_voc(tmp_path)
     data = FederatedDataModule(

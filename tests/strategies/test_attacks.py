@@ -13,10 +13,10 @@ import torch
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
 from fedlight.data.base import LabelledTensors
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.strategies import Attack, FedAvg, RobustAggregation
 from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
-from fedlight.engine.trainer import FederatedTrainer
 
 SIZES, VALUES = [4, 6, 8, 10, 12], [1.0, 2.0, 3.0, 4.0, 5.0]
 N = np.array([2, 3, 4, 5, 6], dtype=float)  # n_k = int(0.5·size)

@@ -9,12 +9,12 @@ import torch
 
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.state import FlatState
 from fedlight.strategies import DPFedAvg, FedProx
 from fedlight.strategies.dp import dp_epsilon
 from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
-from fedlight.engine.trainer import FederatedTrainer
 
 SIZES, VALUES = [4, 6, 8], [10.0, -20.0, 0.5]
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from fedlight.data import FederatedDataModule
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.strategies import Fairness
 from fedlight.testing import ScalarClient, ScalarDataset
-from fedlight.engine.trainer import FederatedTrainer
 
 
 def fit(root, strategy, **trainer_kwargs):

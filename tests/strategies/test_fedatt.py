@@ -8,11 +8,11 @@ import torch
 from torch import nn
 
 from fedlight.data import FederatedDataModule
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.state import FlatState
 from fedlight.strategies import ClientUpdate, FedAtt
 from fedlight.testing import ScalarClient, ScalarDataset
-from fedlight.engine.trainer import FederatedTrainer
 
 
 def aggregate(strategy, module, global_state, states, sizes, seed=0):

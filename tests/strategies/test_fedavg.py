@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from fedlight.data import FederatedDataModule
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.strategies import FedAvg
 from fedlight.testing import ScalarClient, ScalarDataset
-from fedlight.engine.trainer import FederatedTrainer
 
 
 def run(sizes, values, strategy=None, rounds=1, **trainer_kwargs):

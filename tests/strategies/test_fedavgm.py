@@ -7,12 +7,12 @@ import torch
 from torch import nn
 
 from fedlight.data import FederatedDataModule
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.state import FlatState
 from fedlight.strategies import FedAvg, FedAvgM
 from fedlight.strategies.base import ClientUpdate
 from fedlight.testing import ScalarClient, ScalarDataset
-from fedlight.engine.trainer import FederatedTrainer
 
 
 def fit(root, sizes, values, strategy, rounds, clients_per_round=None, lr=1.0):

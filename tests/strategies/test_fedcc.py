@@ -163,8 +163,8 @@ class Recording(FedCC):
 def test_one_round_through_the_engine_averages_by_batches_and_substitutes_maximin_centroids(tmp_path):
     from fedlight.callbacks import BackboneFeatureCache
     from fedlight.data import FederatedDataModule, StreetScenes
-    from fedlight.strategies.functional import maximin_select
     from fedlight.engine.trainer import FederatedTrainer
+    from fedlight.strategies.functional import maximin_select
 
     dataset = StreetScenes(num_classes=12, num_cities=2, images_per_city=9, num_test_samples=2, image_size=16)
     data = FederatedDataModule(dataset, batch_size=4, test_fraction=0.0, return_index=True)

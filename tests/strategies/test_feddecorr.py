@@ -5,9 +5,9 @@ import torch
 
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Synthetic
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.strategies import FedAvg, FedDecorr
 from fedlight.strategies.feddecorr import decorrelation_loss
-from fedlight.engine.trainer import FederatedTrainer
 
 
 def test_decorrelated_features_cost_nothing():

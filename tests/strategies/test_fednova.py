@@ -10,11 +10,11 @@ import torch
 
 from fedlight.clients.base import FederatedClient
 from fedlight.data import FederatedDataModule
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.strategies import FedAvg, FedNova
 from fedlight.strategies.functional import fednova_normalizer
 from fedlight.testing import MeanSquaredError, ScalarClient, ScalarDataset
-from fedlight.engine.trainer import FederatedTrainer
 
 
 class LinearClient(FederatedClient):

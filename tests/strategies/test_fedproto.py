@@ -13,6 +13,7 @@ import torch
 from fedlight.cli import build_parser
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Synthetic
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.metrics.functional.prototypes import (
     aggregate_mean_margin,
@@ -25,7 +26,6 @@ from fedlight.metrics.functional.prototypes import (
 )
 from fedlight.strategies import ClientUpdate, FedAvg, FedProto
 from fedlight.testing import Kill, KillAfterRound
-from fedlight.engine.trainer import FederatedTrainer
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 SETTINGS = {"clients_per_round": 4, "local_epochs": 2, "straggler_fraction": 0.5, "checkpoint_every": 2}

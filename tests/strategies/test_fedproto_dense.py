@@ -5,9 +5,9 @@ import torch
 from fedlight.clients import SegmentationClient
 from fedlight.data import FederatedDataModule, Scenes
 from fedlight.data.partition import DirichletPowerLaw
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.metrics.functional.prototypes import minmax_normalize
 from fedlight.strategies import FedProto
-from fedlight.engine.trainer import FederatedTrainer
 
 
 def test_prototypes_come_from_decoder_pixels_with_nearest_labels(tmp_path):

@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from fedlight.data import FederatedDataModule
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.strategies import FedAvg, FedProx
 from fedlight.strategies.fedprox import proximal_term
 from fedlight.testing import ScalarClient, ScalarDataset
-from fedlight.engine.trainer import FederatedTrainer
 
 
 def fit(root, sizes, values, strategy, lr=1.0, init=0.0, **trainer_kwargs):

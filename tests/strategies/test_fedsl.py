@@ -5,9 +5,9 @@ import torch
 
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.strategies import FedSL
 from fedlight.testing import ClientImages
-from fedlight.engine.trainer import FederatedTrainer
 
 
 def test_weights_are_summed_norms_of_downsampled_channel_means(tmp_path):

@@ -9,11 +9,11 @@ import torch
 from fedlight.callbacks import RoundCallback
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, LabelledTensors
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.metrics.functional.saliency import layer_weights, saliency_norms
 from fedlight.strategies import FedSLS
 from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
-from fedlight.engine.trainer import FederatedTrainer
 
 
 class RecordClients(RoundCallback):

@@ -13,6 +13,7 @@ import torch
 
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.strategies import (
     MOON,
     Fairness,
@@ -27,7 +28,6 @@ from fedlight.strategies import (
     FedSLS,
 )
 from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
-from fedlight.engine.trainer import FederatedTrainer
 
 STRATEGIES = {
     "fedavg": FedAvg,

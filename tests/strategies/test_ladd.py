@@ -13,12 +13,12 @@ from fedlight.data import FederatedDataModule
 from fedlight.data.fda import client_style, extract_style
 from fedlight.data.style_augment import StyleAugment
 from fedlight.data.style_cities import StyleCities
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.state import FlatState
 from fedlight.strategies import LADD, FedAvg
 from fedlight.strategies.clustering import select_style_clusters
 from fedlight.testing import Kill, KillAfterRound
-from fedlight.engine.trainer import FederatedTrainer
 
 SIZE = 32
 CITY_KW = dict(num_clients_per_city=2, client_size=(4, 6), num_test_per_city=3, image_size=SIZE, num_object_classes=2)

@@ -8,12 +8,12 @@ import torch
 
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.state import FlatState
 from fedlight.strategies import MOON, FedAvg
 from fedlight.strategies.moon import model_contrastive_loss
 from fedlight.testing import ClientImages
-from fedlight.engine.trainer import FederatedTrainer
 
 
 def test_loss_is_the_cross_entropy_of_cosine_logits():

@@ -8,10 +8,10 @@ import torch
 
 from fedlight.cli import build_parser
 from fedlight.data import FederatedDataModule
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.strategies import Attack, FedAvg, FedAvgM, FedProx, RobustAggregation
 from fedlight.testing import ScalarClient, ScalarDataset
-from fedlight.engine.trainer import FederatedTrainer
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,6 +10,7 @@ import torch
 
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.plans import ClientUpdate
 from fedlight.strategies import Attack, FedAvg, RobustAggregation
@@ -17,7 +18,6 @@ from fedlight.strategies import robust_functional as R
 from fedlight.strategies.base import StateChunks, Strategy
 from fedlight.strategies.robust import squared_distances
 from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
-from fedlight.engine.trainer import FederatedTrainer
 
 AGGREGATORS = {
     "median": {},

@@ -5,13 +5,13 @@ vectorised loop."""
 import pytest
 import torch
 
-from fedlight.engine.batched import BatchedLocalFit
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
 from fedlight.data.base import LabelledTensors
+from fedlight.engine.batched import BatchedLocalFit
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.strategies import Attack, FedAvg
 from fedlight.testing import ClientImages
-from fedlight.engine.trainer import FederatedTrainer
 
 PERMUTATION = torch.tensor([2, 0, 1])  # y ← π(y), C = 3
 SIZES, SEEDS = [12, 17, 9], [3, 4, 5]
