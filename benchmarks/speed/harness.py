@@ -335,6 +335,8 @@ def run_floor(args: argparse.Namespace, work: Workload) -> dict[str, Any]:
 # -- fedlight ----------------------------------------------------------------------------------------------
 def run_fedlight(args: argparse.Namespace, work: Workload, batched: bool = False) -> dict[str, Any] | None:
     from fedlight.callbacks.base import RoundCallback
+    from fedlight.engine.evaluation import Evaluator
+    from fedlight.engine.local_fit import LocalTraining
     from fedlight.engine.trainer import FederatedTrainer
     from fedlight.strategies import FedAvg
 
@@ -424,14 +426,14 @@ def run_fedlight(args: argparse.Namespace, work: Workload, batched: bool = False
         client_batching="auto" if batched else None,
         compile_batched=batched,
     )
-    # Stage clocks around the trainer's own steps (instance attributes shadow the methods).
-    for stage, method in [
-        ("client_fit", "_fit_client"),
-        ("evaluation", "_evaluate"),
-        ("logging", "_log"),
-        ("checkpoint", "save_checkpoint"),
+    # Stage clocks around the engine's own steps (this child process runs one engine, so its classes are patched).
+    for stage, owner, method in [
+        ("client_fit", LocalTraining, "fit"),
+        ("evaluation", Evaluator, "evaluate"),
+        ("logging", FederatedTrainer, "_log"),
+        ("checkpoint", FederatedTrainer, "save_checkpoint"),
     ]:
-        setattr(trainer, method, probe.clock(stage, getattr(trainer, method)))
+        setattr(owner, method, probe.clock(stage, getattr(owner, method)))
     if batched:  # no client hooks: the round's time is all there is
         probe.train_s = [math.nan] * args.rounds
     trainer.fit(work.make_client(), work.make_datamodule(), FedAvg() if batched else TimedFedAvg())

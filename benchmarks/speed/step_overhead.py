@@ -5,7 +5,7 @@ fedlight and the plain loop, so this script removes everything but the local tra
 process holds fedlight's trainer (set up as ``fit`` does) and the floor's model on the same data, and
 trains the same client from the same weights, alternating which goes first, ``--repeats`` times:
 
-- fedlight: ``FederatedTrainer._fit_client`` (load W^t into the resident module, a fresh optimizer,
+- fedlight: ``fedlight.engine.local_fit.LocalTraining.fit`` (load W^t into the resident module, a fresh optimizer,
   the precision plugin's input conversion, forward context, backward and optimizer step, the loss sum,
   the flattening of the trained state);
 - floor: ``harness.local_fit`` (tensors sliced into batches, SGD, nothing else) plus loading the weights.
@@ -69,7 +69,7 @@ def main() -> None:
         def fedlight_pass() -> float:
             started = time.perf_counter()
             for client in clients:
-                trainer._fit_client(0, ClientPlan(client=client, epochs=work.local_epochs))
+                trainer.training.fit(0, ClientPlan(client=client, epochs=work.local_epochs), trainer.global_state)
             return time.perf_counter() - started
 
         def floor_pass() -> float:
