@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fedlight.data.base import LabelledTensors
-from fedlight.data.npz import NpzDataset
+from fedlight.data.datasets.npz import NpzDataset
 from fedlight.errors import ConfigError
 from fedlight.strategies.functional import server_momentum
 
@@ -21,7 +21,7 @@ def test_an_npz_with_arrays_of_different_lengths_is_refused_under_python_O(tmp_p
     path = tmp_path / "bad.npz"
     np.savez(path, inputs=np.zeros((5, 3), np.float32), targets=np.zeros(4, np.int64))
     script = (
-        "from fedlight.data.npz import NpzDataset\n"
+        "from fedlight.data.datasets.npz import NpzDataset\n"
         "from fedlight.errors import ConfigError\n"
         "import sys\n"
         "try:\n"

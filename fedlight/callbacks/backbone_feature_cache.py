@@ -3,7 +3,7 @@
 Add it to ``--trainer.callbacks`` with a client that has a frozen ``backbone`` and
 ``attach_feature_cache`` (:class:`~fedlight.clients.unsupervised.UnsupervisedSegmentationClient`), and set
 ``--data.return_index=true`` so that training batches name their images. See
-:mod:`fedlight.data.feature_cache` for the files and the budget.
+:mod:`fedlight.data.features.feature_cache` for the files and the budget.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from fedlight.callbacks.base import RoundCallback
-from fedlight.data.feature_cache import FeatureCache
+from fedlight.data.features.feature_cache import FeatureCache
 from fedlight.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class BackboneFeatureCache(RoundCallback):
-    """Builds a :class:`~fedlight.data.feature_cache.FeatureCache` and hands it to the client module.
+    """Builds a :class:`~fedlight.data.features.feature_cache.FeatureCache` and hands it to the client module.
 
     Args:
         directory: where the feature files go; ``null``: ``<run_dir>/features``. Files are fingerprinted

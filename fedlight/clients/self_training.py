@@ -326,7 +326,7 @@ class SourcePretrainingClient(SegmentationClient):
     Cross-entropy with hard-negative mining (:func:`hard_negative_mining_ce`: each image's hardest 25 % of
     pixel losses) and SGD with lr 5e-3, momentum 0.9 and polynomial decay (power 0.9) over the run. Run it
     centralized (``--data.centralized=true``, one round per epoch) on the source images restyled by
-    :class:`fedlight.data.style_augment.StyleAugment`; its checkpoint is the federated run's W^0
+    :class:`fedlight.data.style.style_augment.StyleAugment`; its checkpoint is the federated run's W^0
     (``--trainer.init_from``).
 
     Args:

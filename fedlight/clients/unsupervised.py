@@ -47,14 +47,14 @@ from fedlight.clients.base import FederatedClient
 from fedlight.clients.dense_crf import dense_crf, require_pydensecrf, to_rgb_bytes
 from fedlight.clients.stego import STEGO_PRESETS, ClusterLookup, CorrespondenceWeights, StegoHead, correspondence_loss
 from fedlight.data.labels import IGNORE_INDEX
-from fedlight.data.stego_files import IMAGENET_MEAN, IMAGENET_STD
+from fedlight.data.readers.stego_files import IMAGENET_MEAN, IMAGENET_STD
 from fedlight.errors import ConfigError
 from fedlight.metrics.segmentation import iou_keys
 from fedlight.metrics.unsupervised import ProbedUnsupervisedSegmentation
 from fedlight.models.patch_features import DINO_VITB8_URL, BackboneName, build_patch_backbone
 
 if TYPE_CHECKING:
-    from fedlight.data.feature_cache import FeatureCache
+    from fedlight.data.features.feature_cache import FeatureCache
 
 
 class UnsupervisedSegmentationClient(FederatedClient):

@@ -1,24 +1,24 @@
 """Federated data: datasets, partitioners and the ``FederatedDataModule``."""
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
-from fedlight.data.celeba import CelebA
-from fedlight.data.cifar import CIFAR10, CIFAR100
-from fedlight.data.cinic10 import CINIC10
-from fedlight.data.cityscapes import CityscapesFUSS
-from fedlight.data.cocostuff import CocoStuff27
 from fedlight.data.datamodule import FederatedDataModule
-from fedlight.data.digits import Digits
-from fedlight.data.femnist import FEMNIST
-from fedlight.data.ladd_splits import GTA5, CityscapesFFREEDA, CrossCity, Mapillary
-from fedlight.data.mnist import MNIST
-from fedlight.data.npz import NpzDataset
-from fedlight.data.scenes import Scenes
-from fedlight.data.street_scenes import StreetScenes
-from fedlight.data.style_augment import StyleAugment
-from fedlight.data.style_cities import StyleCities
-from fedlight.data.synthetic import Synthetic
-from fedlight.data.tiny_imagenet import TinyImageNet
-from fedlight.data.voc import PascalVOC
+from fedlight.data.datasets.celeba import CelebA
+from fedlight.data.datasets.cifar import CIFAR10, CIFAR100
+from fedlight.data.datasets.cinic10 import CINIC10
+from fedlight.data.datasets.cityscapes import CityscapesFUSS
+from fedlight.data.datasets.cocostuff import CocoStuff27
+from fedlight.data.datasets.digits import Digits
+from fedlight.data.datasets.femnist import FEMNIST
+from fedlight.data.datasets.ladd_splits import GTA5, CityscapesFFREEDA, CrossCity, Mapillary
+from fedlight.data.datasets.mnist import MNIST
+from fedlight.data.datasets.npz import NpzDataset
+from fedlight.data.datasets.synthetic import Synthetic
+from fedlight.data.datasets.tiny_imagenet import TinyImageNet
+from fedlight.data.datasets.voc import PascalVOC
+from fedlight.data.style.style_augment import StyleAugment
+from fedlight.data.twins.scenes import Scenes
+from fedlight.data.twins.street_scenes import StreetScenes
+from fedlight.data.twins.style_cities import StyleCities
 
 __all__ = [
     "CIFAR10",

@@ -83,6 +83,18 @@ _MACRO_GROUPS = {
 IGNORE_INDEX = 255
 
 
+def lookup_table(mapping: dict[int, int]) -> torch.Tensor:
+    """``[256]`` int64: label id → train id, void elsewhere.
+
+    >>> lookup_table({7: 0, 8: 1})[[0, 7, 8]].tolist()
+    [255, 0, 1]
+    """
+    table = torch.full((256,), IGNORE_INDEX, dtype=torch.int64)
+    for label_id, train_id in mapping.items():
+        table[label_id] = train_id
+    return table
+
+
 def macro_lookup() -> torch.Tensor:
     """A ``[256]`` int64 table mapping a fine VOC label to its macro label (255 stays 255).
 

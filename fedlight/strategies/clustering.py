@@ -1,7 +1,7 @@
 """Style clusters of clients: LADD's clustering selection (Shenaj et al., WACV 2023, Sec. 4.2 and Alg. 2).
 
 LADD groups the clients by the style of their images (the mean FDA amplitude window s̄_k of
-:func:`fedlight.data.fda.client_style`) and keeps cluster-specific parameters per group:
+:func:`fedlight.data.style.fda.client_style`) and keeps cluster-specific parameters per group:
 
 - for every H in [m, n) run H-Means N times and keep the partition with the smallest intra-cluster
   distance (the lowest inertia); LADD uses m = 4, n = 20, N = 10;

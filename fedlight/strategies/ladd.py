@@ -6,7 +6,7 @@ clients (FFREEDA). On top of :class:`~fedlight.strategies.clustered_fedavg.Clust
 layers, Sec. 3.3 and Eq. 3 per parameter group) this rule adds:
 
 - **Style clusters** (Sec. 4.2, Alg. 2). Before the first round each client's style s̄_k, the mean FDA
-  amplitude window of its training images (:func:`fedlight.data.fda.client_style`), is computed once; the
+  amplitude window of its training images (:func:`fedlight.data.style.fda.client_style`), is computed once; the
   clients are clustered by k-means with the k in ``k_range`` of highest silhouette
   (:func:`~fedlight.strategies.clustering.select_style_clusters`), or read from one of LADD's cluster files.
 - **Routed evaluation** (Sec. 4.2). Every evaluation image goes to the cluster whose centroid is nearest to
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from fedlight.data.fda import FDA_SIZE, client_style, extract_style
+from fedlight.data.style.fda import FDA_SIZE, client_style, extract_style
 from fedlight.errors import ConfigError
 from fedlight.strategies.clustered_fedavg import ClusteredFedAvg
 from fedlight.strategies.clustering import (

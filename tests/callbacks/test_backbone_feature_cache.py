@@ -3,7 +3,7 @@ import torch
 from fedlight.callbacks.backbone_feature_cache import BackboneFeatureCache
 from fedlight.clients.unsupervised import UnsupervisedSegmentationClient
 from fedlight.data import FederatedDataModule
-from fedlight.data.street_scenes import StreetScenes
+from fedlight.data.twins.street_scenes import StreetScenes
 from fedlight.engine.trainer import FederatedTrainer
 from fedlight.strategies import FedAvg
 

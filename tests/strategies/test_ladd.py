@@ -10,9 +10,9 @@ import torch
 from fedlight import checkpoint as ckpt_io
 from fedlight.clients import SelfTrainingClient, SourcePretrainingClient
 from fedlight.data import FederatedDataModule
-from fedlight.data.fda import client_style, extract_style
-from fedlight.data.style_augment import StyleAugment
-from fedlight.data.style_cities import StyleCities
+from fedlight.data.style.fda import client_style, extract_style
+from fedlight.data.style.style_augment import StyleAugment
+from fedlight.data.twins.style_cities import StyleCities
 from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.state import FlatState

@@ -1,0 +1,449 @@
+"""The datasets of LADD's experiments, read through LADD's split files (Shenaj et al., WACV 2023, Sec. 5.1).
+
+LADD ships its federated splits as JSON files in LEAF's layout (``{"users": [...], "num_samples": [...],
+"user_data": {user: {"x": [image paths], "y": [label paths]}}}``) and GTA5's as text lines
+``/images/00001.png /labels/00001.png``. Point ``root`` at a folder laid out like LADD's ``data/`` folder:
+its ``<dataset>/splits/`` copied from LADD's repository and the images extracted under ``<dataset>/data/``:
+
+- :class:`GTA5` (the source): ``gta5/data/images/``, ``gta5/data/labels/``; ``gta5/splits/train.txt``;
+- :class:`CityscapesFFREEDA`: ``cityscapes/data/leftImg8bit/``, ``cityscapes/data/gtFine/``;
+  ``cityscapes/splits/heterogeneous/{train,test}/*.json``;
+- :class:`CrossCity`: images and labels under ``crosscity/data/cities/``;
+  ``crosscity/splits/by_city_cpc0_ms27_me10/{train,test}/*.json``;
+- :class:`Mapillary`: ``mapillary/data/training/``, ``mapillary/data/validation/``;
+  ``mapillary/splits/clustering/{train,test}/*.json``.
+
+Clients are the split files' users (``Rio7``, ``aachen3``, ``EU12``): the datasets give them as natural ids, so
+the :class:`~fedlight.data.partition.Natural` partitioner reproduces LADD's partition (144 Cityscapes clients, 472
+CrossCity clients, 357 Mapillary clients). The test set is the file's single ``test_user``. Label PNGs hold
+Cityscapes label ids (Mapillary its own ids), mapped to train ids with LADD's tables (19 classes; 13 for
+CrossCity and for GTA5 pre-training towards it); other ids become void (255). CrossCity's training clients
+have no labels at all: their targets are void everywhere and only the test set is scored.
+
+Images are read lazily per batch, resized to one ``size`` (H, W) so that batches stack (bilinear for images,
+nearest for labels) and normalised with mean = std = 0.5 (LADD's, for every dataset; its code uses ImageNet
+statistics on Cityscapes, a quirk not kept). The defaults are the full resolutions LADD reads: it trains GTA5,
+Cityscapes and CrossCity on a random scale (0.7–2) of the full image cut to 512×1024 (the run's
+``--data.train_transform``, :class:`~fedlight.data.transforms.RandomScaleCropFlip` with ``crop_size: [512,
+1024]``) and tests Cityscapes and CrossCity at full resolution. Mapillary's images differ in size: LADD trains
+and tests them at width 1024 with each image's aspect ratio kept (:class:`Mapillary`'s ``train_width`` and
+``test_width``), cutting a random 512×1024 window from each training image as it is read (:class:`SplitCrops`).
+It trains Cityscapes' clients on each image and a copy (:class:`CityscapesFFREEDA`'s ``double``).
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from fedlight.data.base import FederatedDataset, LabelledTensors, LazySamples, PairedSamples
+from fedlight.data.labels import CITYSCAPES_19_CLASSES, CROSSCITY_13_CLASSES, IGNORE_INDEX, lookup_table
+from fedlight.errors import ConfigError
+
+#: Cityscapes label ids → the 19 train ids (``dataset/target/cityscapes.py`` of LADD).
+CITYSCAPES_19 = {7: 0, 8: 1, 11: 2, 12: 3, 13: 4, 17: 5, 19: 6, 20: 7, 21: 8, 22: 9, 23: 10, 24: 11, 25: 12,
+                 26: 13, 27: 14, 28: 15, 31: 16, 32: 17, 33: 18}  # fmt: skip
+#: Cityscapes label ids → CrossCity's 13 classes (road, sidewalk, building, traffic light, sign, vegetation, sky,
+#: person, rider, car, bus, motorcycle, bicycle).
+CROSSCITY_13 = {7: 0, 8: 1, 11: 2, 19: 3, 20: 4, 21: 5, 23: 6, 24: 7, 25: 8, 26: 9, 28: 10, 32: 11, 33: 12}
+#: Mapillary Vistas v1.2 ids → the 19 Cityscapes train ids.
+MAPILLARY_19 = {2: 1, 3: 4, 6: 3, 7: 1, 9: 1, 11: 1, 13: 0, 14: 0, 15: 1, 17: 2, 19: 11, 20: 12, 21: 12, 22: 12,
+                24: 0, 26: 9, 27: 10, 29: 9, 30: 8, 43: 0, 44: 5, 45: 5, 46: 5, 47: 5, 48: 6, 50: 7, 52: 18,
+                54: 15, 55: 13, 57: 17, 58: 16, 61: 14}  # fmt: skip
+_DOWNLOAD = {
+    "gta5": "GTA5 from https://download.visinf.tu-darmstadt.de/data/from_games/ (images/ and labels/)",
+    "cityscapes": "Cityscapes' leftImg8bit_trainvaltest.zip and gtFine_trainvaltest.zip "
+    "from https://www.cityscapes-dataset.com/",
+    "crosscity": "NTHU CrossCity (Chen et al., ICCV 2017; cities Rio, Rome, Taipei, Tokyo)",
+    "mapillary": "Mapillary Vistas v1.2 from https://www.mapillary.com/dataset/vistas (training/, validation/)",
+}
+
+
+def resized_shape(height: int, width: int, size: tuple[int, int] | None, keep_width: int | None) -> tuple[int, int]:
+    """The ``(H, W)`` an image of ``height × width`` is resized to: ``size``, or width ``keep_width`` with the
+    aspect ratio kept (LADD's ``FixedResize(width=…)``: H = round(keep_width · height / width)).
+
+    >>> resized_shape(1500, 2000, None, 1024), resized_shape(1500, 2000, (16, 32), None)
+    ((768, 1024), (16, 32))
+    """
+    if keep_width is None:
+        return size
+    return round(keep_width * height / width), keep_width
+
+
+def _stack(samples: list[torch.Tensor]) -> torch.Tensor:
+    if len({tuple(sample.shape) for sample in samples}) > 1:
+        raise ConfigError(
+            f"Images resized to one width keep their aspect ratio, so a batch of them has mixed shapes "
+            f"({sorted({tuple(s.shape[-2:]) for s in samples})}). Set --data.eval_batch_size=1, as LADD tests."
+        )
+    return torch.stack(samples)
+
+
+def _read_pixels(path: Path, size: tuple[int, int] | None, keep_width: int | None) -> torch.Tensor:
+    """An RGB image file as ``[3, H, W]`` float in 0–255, resized bilinearly to :func:`resized_shape`'s size."""
+    with Image.open(path) as image:
+        pixels = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1).float()  # [3, h, w]
+    size = resized_shape(*pixels.shape[-2:], size, keep_width)
+    if tuple(pixels.shape[-2:]) != size:
+        pixels = F.interpolate(pixels[None], size, mode="bilinear", antialias=True)[0]
+    return pixels
+
+
+def _read_labels(
+    path: Path, lookup: torch.Tensor, size: tuple[int, int] | None, keep_width: int | None
+) -> torch.Tensor:
+    """A label file as ``[H, W]`` int64 train ids (``lookup``), resized by nearest neighbour like the images."""
+    with Image.open(path) as mask:
+        labels = lookup[torch.from_numpy(np.array(mask).astype(np.int64))]  # [h, w]
+    size = resized_shape(*labels.shape, size, keep_width)
+    if tuple(labels.shape) != size:
+        labels = F.interpolate(labels[None, None].float(), size, mode="nearest")[0, 0].long()
+    return labels
+
+
+def _normalise(pixels: torch.Tensor) -> torch.Tensor:
+    """0–255 → mean = std = 0.5 (LADD's normalisation)."""
+    return (pixels / 255.0 - 0.5) / 0.5
+
+
+class SplitImages(LazySamples):
+    """RGB image files read per batch, resized and normalised with mean = std = 0.5.
+
+    Every image is resized to ``size``, or to width ``keep_width`` with its aspect ratio kept (then images of
+    different aspect ratios need batches of one). Images whose ``flips`` entry is true are mirrored left–right.
+    """
+
+    def __init__(
+        self, paths: list[Path], size: tuple[int, int], num_workers: int = 4, keep_width: int | None = None,
+        flips: list[bool] | None = None,
+    ) -> None:  # fmt: skip
+        self.paths, self.size, self.num_workers, self.keep_width = paths, tuple(size), num_workers, keep_width
+        self.flips = flips or [False] * len(paths)
+        self.shape = (len(paths), 3, *self.size)  # with keep_width, the height is the first image's
+
+    def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
+        def read(i: int) -> torch.Tensor:
+            pixels = _read_pixels(self.paths[i], self.size, self.keep_width)
+            return _normalise(pixels.flip(-1) if self.flips[i] else pixels)
+
+        with ThreadPoolExecutor(max_workers=self.num_workers) as pool:
+            return _stack(list(pool.map(read, index.tolist())))  # [B, 3, H, W]
+
+
+class SplitMasks(LazySamples):
+    """Label files read per batch, mapped to train ids and resized (nearest) like :class:`SplitImages`; ``None``
+    paths are void."""
+
+    def __init__(
+        self, paths: list[Path | None], size: tuple[int, int], lookup: torch.Tensor, num_workers: int = 4,
+        keep_width: int | None = None, flips: list[bool] | None = None,
+    ) -> None:  # fmt: skip
+        self.paths, self.size, self.lookup, self.num_workers = paths, tuple(size), lookup, num_workers
+        self.keep_width, self.flips = keep_width, flips or [False] * len(paths)
+        self.shape = (len(paths), *self.size)
+
+    def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
+        def read(i: int) -> torch.Tensor:
+            if self.paths[i] is None:
+                return torch.full(self.size, IGNORE_INDEX, dtype=torch.int64)
+            labels = _read_labels(self.paths[i], self.lookup, self.size, self.keep_width)
+            return labels.flip(-1) if self.flips[i] else labels
+
+        with ThreadPoolExecutor(max_workers=self.num_workers) as pool:
+            return _stack(list(pool.map(read, index.tolist())))  # [B, H, W]
+
+
+class SplitCrops(PairedSamples):
+    """LADD's training reads of images whose sizes differ (its Mapillary pipeline), image and label map alike.
+
+    Each image is mirrored left–right with probability ½, resized to ``width`` with its aspect ratio kept
+    (bilinear; nearest for labels), padded where it is smaller than ``crop`` and cut by a uniformly placed
+    ``crop`` window (LADD's ``RandomHorizontalFlip``, ``FixedResize(width)``, ``RandomCrop(pad_if_needed=True)``).
+    The padding is LADD's: where the width falls short, ⌊(1 + crop_w − w)/2⌋ pixels on *every* side, then,
+    where the height still falls short, ⌊(1 + crop_h − h)/2⌋ on every side; padded pixels are black (−1 once
+    normalised) and void in the labels. Images are normalised with mean = std = 0.5.
+
+    Three uniform numbers per sample are drawn from the client's generator before decoding (flip, row, column),
+    so the crops do not depend on which thread decodes which image.
+    """
+
+    def __init__(
+        self, images: list[Path], labels: list[Path | None], lookup: torch.Tensor, width: int,
+        crop: tuple[int, int], flip: bool = True, num_workers: int = 4,
+    ) -> None:  # fmt: skip
+        self.images, self.labels, self.lookup, self.width = images, labels, lookup, width
+        self.crop, self.flip, self.num_workers = (int(crop[0]), int(crop[1])), flip, num_workers
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def read(self, index: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        draws = torch.rand(len(index), 3, generator=generator, dtype=torch.float64)  # [B, (flip, row, column)]
+
+        def read(i: int, draw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            pixels = _read_pixels(self.images[i], None, self.width)  # [3, H, W] at width `width`
+            if self.labels[i] is None:
+                labels = torch.full(pixels.shape[-2:], IGNORE_INDEX, dtype=torch.int64)
+            else:
+                labels = _read_labels(self.labels[i], self.lookup, None, self.width)
+            (crop_h, crop_w), (height, width) = self.crop, tuple(pixels.shape[-2:])
+            for short, missing in ((width < crop_w, crop_w - width), (height < crop_h, crop_h - height)):
+                if short:  # LADD pads every side by the same amount
+                    pad = (1 + missing) // 2
+                    pixels = F.pad(pixels, (pad,) * 4, value=0.0)
+                    labels = F.pad(labels, (pad,) * 4, value=IGNORE_INDEX)
+                    height, width = height + 2 * pad, width + 2 * pad
+            if self.flip and draw[0] < 0.5:
+                pixels, labels = pixels.flip(-1), labels.flip(-1)
+            top = min(int(draw[1] * (height - crop_h + 1)), height - crop_h)
+            left = min(int(draw[2] * (width - crop_w + 1)), width - crop_w)
+            window = (slice(top, top + crop_h), slice(left, left + crop_w))
+            return _normalise(pixels[(..., *window)]), labels[window]
+
+        with ThreadPoolExecutor(max_workers=self.num_workers) as pool:
+            pairs = list(pool.map(read, index.tolist(), draws))
+        return torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])  # [B, 3, h, w], [B, h, w]
+
+
+class _SplitDataset(FederatedDataset):
+    """Reads LADD's split files and checks that every file they name exists, reporting all problems at once."""
+
+    name: str  # folder under root
+    images_dir: str  # under root/<name>/data
+    labels_dir: str
+    mapping: dict[int, int]  # label id → class
+    class_names: tuple[str, ...]  # of the classes the mapping gives
+
+    def __init__(self, root: str, size: tuple[int, int], test_size: tuple[int, int] | None, num_workers: int) -> None:
+        self.root = Path(root).expanduser()
+        self.size = (int(size[0]), int(size[1]))
+        self.test_size = self.size if test_size is None else (int(test_size[0]), int(test_size[1]))
+        self.num_workers = num_workers
+        self.num_classes = len(set(self.mapping.values()))
+        self.input_shape = (3, *self.size)
+
+    @property
+    def folder(self) -> Path:
+        return self.root / self.name
+
+    def _require(self, paths: list[Path]) -> None:
+        missing = [p for p in paths if not p.exists()]
+        if not self.folder.is_dir() or missing:
+            shown = ", ".join(str(p) for p in missing[:5]) + (f" and {len(missing) - 5} more" if missing[5:] else "")
+            what = f"{len(missing)} files missing: {shown}." if self.folder.is_dir() else f"no folder {self.folder}."
+            raise ConfigError(
+                f"{type(self).__name__} is incomplete under --data.dataset.init_args.root={self.root}: {what}",
+                f"Download {_DOWNLOAD[self.name]}, extract it under {self.folder / 'data'} and copy LADD's "
+                f"data/{self.name}/splits/ (github.com/Erosinho13/LADD) to {self.folder / 'splits'}.",
+            )
+
+    def _users(self, files: list[Path]) -> list[tuple[str, str, str | None]]:
+        """``(user, image path, label path or None)`` of every image listed in LEAF-style JSON files."""
+        self._require(files)
+        rows = []
+        for file in files:
+            users = json.loads(file.read_text(encoding="utf-8"))["user_data"]
+            for user, data in users.items():
+                labels = data.get("y") or [None] * len(data["x"])
+                rows += [(str(user), x, y) for x, y in zip(data["x"], labels, strict=True)]
+        return rows
+
+    def _pool(
+        self, rows: list[tuple[str, str, str | None]], size: tuple[int, int], with_groups: bool,
+        keep_width: int | None = None, flips: list[bool] | None = None,
+    ) -> LabelledTensors:  # fmt: skip
+        images = [self.folder / "data" / self.images_dir / x.lstrip("/") for _, x, _ in rows]
+        labels = [None if y is None else self.folder / "data" / self.labels_dir / y.lstrip("/") for _, _, y in rows]
+        self._require(images + [p for p in labels if p is not None])
+        return LabelledTensors(
+            SplitImages(images, size, self.num_workers, keep_width, flips),
+            SplitMasks(labels, size, lookup_table(self.mapping), self.num_workers, keep_width, flips),
+            groups=np.array([user for user, _, _ in rows]) if with_groups else None,
+            labels=np.zeros(len(rows), dtype=np.int64),  # partitions follow the users, not classes
+        )
+
+    def _split_files(self, split: str) -> list[Path]:
+        folder = self.folder / "splits" / self.split_dir / split
+        files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+        return files or [folder / "*.json"]  # a missing folder is reported by _require
+
+    split_dir: str
+
+    def load_train(self) -> LabelledTensors:
+        return self._pool(self._users(self._split_files("train")), self.size, with_groups=True)
+
+    def load_test(self) -> LabelledTensors:
+        return self._pool(self._users(self._split_files("test")), self.test_size, with_groups=False)
+
+
+class CityscapesFFREEDA(_SplitDataset):
+    """Cityscapes as FedDrive's "heterogeneous" split: 144 clients of one city each, 10–45 images, 500 test images.
+
+    LADD trains its Cityscapes clients on a "double dataset" (``--double_dataset`` in its Cityscapes configs):
+    each client's n images followed by n more, index i ≥ n showing image i − n, and no random flip. Its
+    Cityscapes class defines the mirroring of that second copy, but the method is never called, so the code
+    trains on every image twice, unflipped. ``double`` gives both: ``flipped``, the second copy mirrored
+    left–right as the class intends, and ``repeated``, what the code runs. A client's sample count doubles
+    either way, so FedAvg's weights keep their ratios while each local epoch takes twice the steps.
+
+    Args:
+        root: LADD's data folder (see the module docstring).
+        size: ``(H, W)`` the training images are read at (full resolution; the run's transform cuts LADD's
+            512×1024 crop after a random scale).
+        test_size: ``(H, W)`` of the test images; LADD tests at the full 1024×2048.
+        double: ``flipped``, ``repeated`` or null (each training image once; then flip at random instead).
+        num_workers: threads that decode a batch.
+    """
+
+    name, images_dir, labels_dir, split_dir = "cityscapes", "leftImg8bit", "gtFine", "heterogeneous"
+    mapping, class_names = CITYSCAPES_19, CITYSCAPES_19_CLASSES
+
+    def __init__(
+        self, root: str, size: tuple[int, int] = (1024, 2048), test_size: tuple[int, int] | None = (1024, 2048),
+        double: Literal["flipped", "repeated"] | None = None, num_workers: int = 4,
+    ) -> None:  # fmt: skip
+        if double not in ("flipped", "repeated", None):
+            raise ConfigError(
+                f"Expected --data.dataset.init_args.double in {{flipped, repeated, null}}, got {double!r}."
+            )
+        super().__init__(root, size, test_size, num_workers)
+        self.double = double
+
+    def load_train(self) -> LabelledTensors:
+        rows = self._users(self._split_files("train"))
+        if self.double is None:
+            return self._pool(rows, self.size, with_groups=True)
+        # the copies follow the originals; the Natural partitioner gathers each client's by its id
+        flips = [False] * len(rows) + [self.double == "flipped"] * len(rows)
+        return self._pool(rows + rows, self.size, with_groups=True, flips=flips)
+
+
+class CrossCity(_SplitDataset):
+    """NTHU CrossCity as LADD splits it: Rio, Rome, Taipei and Tokyo in 472 unlabelled clients, 400 test images.
+
+    Args:
+        root: LADD's data folder.
+        size: ``(H, W)`` images are read at (default: CrossCity's full resolution, which LADD tests at; the
+            run's transform cuts the 512×1024 training crop).
+        test_size: ``(H, W)`` of the test images (default: ``size``).
+        num_workers: threads that decode a batch.
+    """
+
+    name, images_dir, labels_dir, split_dir = "crosscity", "cities", "cities", "by_city_cpc0_ms27_me10"
+    mapping, class_names = CROSSCITY_13, CROSSCITY_13_CLASSES
+
+    def __init__(
+        self, root: str, size: tuple[int, int] = (1024, 2048), test_size: tuple[int, int] | None = None,
+        num_workers: int = 4,
+    ) -> None:  # fmt: skip
+        super().__init__(root, size, test_size, num_workers)
+
+
+class Mapillary(_SplitDataset):
+    """Mapillary Vistas clustered by GPS per continent into 357 clients (30–100 images), 2,000 test images.
+
+    Mapillary's images differ in size and aspect ratio. LADD tests them resized to width 1024 with their aspect
+    ratio kept (its ``FixedResize(width=1024)``); ``test_width`` does the same, and the test batches must then
+    hold one image each (``--data.eval_batch_size=1``). It trains on them the same way, each resized to width
+    1024, then cut by a random 512×1024 window and mirrored at random, with no random scale: ``train_width``
+    and ``crop`` read training batches so (:class:`SplitCrops`), and the run then needs no
+    ``--data.train_transform``. With ``train_width`` null, training images are resized to ``size`` and a
+    ``train_transform`` augments them.
+
+    Args:
+        root: LADD's data folder.
+        size: ``(H, W)`` every image of the training pool is resized to for passes that read the clients' data
+            without training on it (their styles), and for training when ``train_width`` is null.
+        test_size: ``(H, W)`` of the test images, when ``test_width`` is null (default: ``size``).
+        test_width: width every test image is resized to, its aspect ratio kept (LADD: 1024); null: ``test_size``.
+        train_width: width every training image is resized to, its aspect ratio kept, before the random ``crop``
+            (LADD: 1024); null: training batches are read at ``size``.
+        crop: ``(H, W)`` of the random training window (LADD: 512×1024).
+        flip: mirror each training image left–right with probability ½ (LADD: yes).
+        num_workers: threads that decode a batch.
+    """
+
+    name, images_dir, labels_dir, split_dir, mapping = "mapillary", "", "", "clustering", MAPILLARY_19
+    class_names = CITYSCAPES_19_CLASSES
+
+    def __init__(
+        self, root: str, size: tuple[int, int] = (512, 1024), test_size: tuple[int, int] | None = None,
+        test_width: int | None = 1024, train_width: int | None = 1024, crop: tuple[int, int] = (512, 1024),
+        flip: bool = True, num_workers: int = 4,
+    ) -> None:  # fmt: skip
+        flag = "--data.dataset.init_args"
+        problems = []
+        if test_width is not None and test_size is not None:
+            problems.append(f"{flag}.test_size and {flag}.test_width both size the test images; set one to null.")
+        for name, width in (("test_width", test_width), ("train_width", train_width)):
+            if width is not None and width < 1:
+                problems.append(f"Expected {flag}.{name} ≥ 1 pixel or null, got {width}.")
+        if min(crop) < 1:
+            problems.append(f"Expected {flag}.crop = [H, W] of at least 1 pixel each, got {list(crop)}.")
+        if problems:
+            raise ConfigError(*problems)
+        super().__init__(root, size, test_size, num_workers)
+        self.test_width, self.train_width, self.crop, self.flip = test_width, train_width, tuple(crop), flip
+        if train_width is not None:
+            self.input_shape = (3, *self.crop)  # what training batches hold
+
+    def load_train(self) -> LabelledTensors:
+        pool = super().load_train()
+        if self.train_width is not None:
+            pool.train_reader = SplitCrops(
+                pool.inputs.paths, pool.targets.paths, pool.targets.lookup, self.train_width, self.crop, self.flip,
+                self.num_workers,
+            )  # fmt: skip
+        return pool
+
+    def load_test(self) -> LabelledTensors:
+        return self._pool(self._users(self._split_files("test")), self.test_size, False, keep_width=self.test_width)
+
+
+class GTA5(_SplitDataset):
+    """GTA5, LADD's labelled source: one natural client (``gta5``), so a Natural partition trains it centralized.
+
+    Args:
+        root: LADD's data folder.
+        target: the target dataset whose classes the labels are mapped to: ``cityscapes`` and ``mapillary``
+            (19 classes) or ``crosscity`` (13).
+        split: the split file, ``train`` or ``test``.
+        size: ``(H, W)`` images are read at (default: GTA5's 1052×1914; the run's transform cuts LADD's
+            512×1024 crop after a random scale).
+        evaluate_on: a target dataset whose test set scores the pre-trained model ("source only").
+        num_workers: threads that decode a batch.
+    """
+
+    name, images_dir, labels_dir, split_dir = "gta5", "", "", ""
+
+    def __init__(
+        self,
+        root: str,
+        target: Literal["cityscapes", "crosscity", "mapillary"] = "cityscapes",
+        split: Literal["train", "test"] = "train",
+        size: tuple[int, int] = (1052, 1914),
+        evaluate_on: FederatedDataset | None = None,
+        num_workers: int = 4,
+    ) -> None:
+        self.mapping = CROSSCITY_13 if target == "crosscity" else CITYSCAPES_19
+        self.class_names = CROSSCITY_13_CLASSES if target == "crosscity" else CITYSCAPES_19_CLASSES
+        super().__init__(root, size, None, num_workers)
+        self.split = split
+        self.evaluate_on = evaluate_on
+
+    def load_train(self) -> LabelledTensors:
+        listing = self.folder / "splits" / f"{self.split}.txt"
+        self._require([listing])
+        pairs = [line.split() for line in listing.read_text().splitlines() if line.strip()]
+        return self._pool([("gta5", x, y) for x, y in pairs], self.size, with_groups=True)
+
+    def load_test(self) -> LabelledTensors | None:
+        return None if self.evaluate_on is None else self.evaluate_on.load_test()

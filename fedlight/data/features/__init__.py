@@ -1,0 +1,1 @@
+"""Backbone feature caches and nearest-neighbour lists computed from them (FUSS)."""

@@ -1,0 +1,1 @@
+"""Readers of image and label files that several datasets share."""

@@ -1,0 +1,1 @@
+"""Image style: FDA's amplitude spectra (LADD) and style augmentation."""
