@@ -44,8 +44,8 @@ from fedlight.callbacks.per_image_scores import PerImageScores
 from fedlight.clients import UnsupervisedSegmentationClient
 from fedlight.clients.stego import _correlation, sample_at, sample_coordinates
 from fedlight.data import FederatedDataModule, StreetScenes
-from fedlight.data.knn import knn_indices
-from fedlight.data.street_scenes import PIXEL_MEAN, PIXEL_STD
+from fedlight.data.features.knn import knn_indices
+from fedlight.data.twins.street_scenes import PIXEL_MEAN, PIXEL_STD
 from fedlight.engine.trainer import FederatedTrainer
 from fedlight.models.patch_features import build_patch_backbone
 from fedlight.state import FlatState

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from fedlight.data import StyleCities
-from fedlight.data.fda import extract_style
-from fedlight.data.style_cities import city_of
+from fedlight.data.style.fda import extract_style
+from fedlight.data.twins.style_cities import city_of
 
 TWIN = {"num_source_samples": 1000, "num_test_per_city": 40, "image_size": 32, "class_skew": 0.6}
 HALF_WIDTH = 2  # rings 0, 1, 2: the 1×1, 3×3 and 5×5 windows
