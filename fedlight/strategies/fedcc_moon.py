@@ -122,7 +122,7 @@ class FedCCMOON(FedCC):
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, Tensor]) -> Tensor:
         if self.mu == 0 or not self._has_previous:
             return outputs["loss"]
-        feats = outputs["features"]  # f [B, C, h, w], as the head read them
+        feats = outputs["features"]  # f [B, C, h, w], the dropped copy the correspondence loss reads (FUSS's code)
         with torch.no_grad():
             positive, negative = self._global(feats), self._previous(feats)  # [B, D, h, w]
         contrastive = pixel_contrastive_loss(outputs["codes"], positive, negative, self.temperature)
