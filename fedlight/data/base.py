@@ -126,6 +126,9 @@ class FederatedDataset(ABC):
 
     num_classes: int
     input_shape: tuple[int, ...]
+    #: Whether the training samples carry real labels; False for unlabelled clients whose label maps are all
+    #: void (LADD's CrossCity split), so that options that read training labels can be refused at set-up.
+    train_labels: bool = True
 
     @abstractmethod
     def load_train(self) -> LabelledTensors:
