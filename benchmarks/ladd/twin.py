@@ -184,9 +184,12 @@ def main() -> None:
     parser.add_argument("--collect", nargs="+", type=Path, help="only write the committed tables from the twin.json "
                         "of these folders (e.g. seeds run as separate processes; name benchmarks/ladd/results too to "
                         "keep the committed runs)")  # fmt: skip
+    parser.add_argument("--tables", type=Path, default=RESULTS, help="where --collect writes twin.md and twin.json")
     args = parser.parse_args()
     if args.collect:
-        write_tables([r for folder in args.collect for r in json.loads((folder / "twin.json").read_text())], RESULTS)
+        write_tables(
+            [r for folder in args.collect for r in json.loads((folder / "twin.json").read_text())], args.tables
+        )
         return
     if args.lr is not None and not args.lr > 0:
         parser.error(f"--lr must be a learning rate > 0, got {args.lr}")
