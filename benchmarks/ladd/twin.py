@@ -104,12 +104,13 @@ def cluster_accuracy(run_dir: Path) -> float | None:
 
 def run_row(
     row: str, out: Path, seed: int = 0, reduced: bool = False, code: bool = False, lr: float | None = None,
-    released: bool = False,
+    released: bool = False, pretrained: Path | None = None,
 ) -> dict[str, object]:  # fmt: skip
     """Runs one row's config with ``seed`` (data and training) into ``out/<row>/version_0``; summarises its metrics.
 
     ``code`` adds three of LADD's code behaviours (:data:`CODE_BEHAVIOURS`) to the federated rows; ``released``
-    runs the federated rows from ``released_code/`` (all of them); ``lr`` replaces their clients' learning rate.
+    runs the federated rows from ``released_code/`` (all of them); ``lr`` replaces their clients' learning rate;
+    ``pretrained`` is an earlier run's folder whose ``seed<s>/`` pre-trainings the federated rows start from.
     """
     config = CONF / "released_code" / f"{row}.yaml" if released and row in FEDERATED else CONF / f"{row}.yaml"
     if not config.is_file():
@@ -128,7 +129,8 @@ def run_row(
         args += [] if row in NO_SWA or row not in FEDERATED else ["--strategy.init_args.swa_start=2"]
     if row in FEDERATED:
         source = "source_only" if row == "st" else "pretrain_fda"
-        args.append(f"--trainer.init_from={out}/{source}/version_0/checkpoints/last.ckpt")
+        sources = out if pretrained is None else pretrained / out.name
+        args.append(f"--trainer.init_from={sources}/{source}/version_0/checkpoints/last.ckpt")
         args += CODE_BEHAVIOURS if code else []
         args += [] if lr is None else [f"--model.init_args.optimizer.init_args.lr={lr}"]
     started = time.perf_counter()
@@ -184,6 +186,8 @@ def main() -> None:
     parser.add_argument("--collect", nargs="+", type=Path, help="only write the committed tables from the twin.json "
                         "of these folders (e.g. seeds run as separate processes; name benchmarks/ladd/results too to "
                         "keep the committed runs)")  # fmt: skip
+    parser.add_argument("--pretrained", type=Path, default=None, help="an earlier --out whose seed<s>/ pre-trainings "
+                        "the federated rows start from, instead of running them again")  # fmt: skip
     parser.add_argument("--tables", type=Path, default=RESULTS, help="where --collect writes twin.md and twin.json")
     args = parser.parse_args()
     if args.collect:
@@ -205,7 +209,7 @@ def main() -> None:
         for row in rows:
             results.append(
                 run_row(row, args.out / f"seed{seed}", seed, args.reduced, args.code_behaviours, args.lr,
-                        args.released_code)
+                        args.released_code, args.pretrained)
             )  # fmt: skip
             print(json.dumps(results[-1]), flush=True)
             write_tables(results, results_dir)

@@ -70,7 +70,6 @@ if TYPE_CHECKING:
     from fedlight.strategies.base import ClientPlan, ClientUpdate
 
 Split = Literal["clients", "test"]
-FLAG = "--strategy.init_args"
 
 
 def client_ids(datamodule: FederatedDataModule) -> list[str]:
@@ -146,7 +145,7 @@ class LADD(ClusteredFedAvg):
         tolerate_stragglers: bool | None = None,
         sampling: Literal["proportional", "uniform"] | None = None,
     ) -> None:
-        flag = FLAG
+        flag = "--strategy.init_args"
         problems = []
         if teacher_step < 1:
             problems.append(f"Expected {flag}.teacher_step (ω) ≥ 1, got {teacher_step}.")
