@@ -267,6 +267,8 @@ class LADD(ClusteredFedAvg):
         key = (split, tuple(x.shape), hashlib.blake2b(sample.tobytes(), digest_size=16).hexdigest())
         if key not in self._routes:
             if split == "test" and self.test_routing == "released":
+                if self._test_own is None:  # an evaluation without a fit (``fedlight test``) starts here
+                    self._find_test_clusters(context)
                 index = torch.tensor([self._test_index[d] for d in released.image_digests(x)])
                 self._routes[key] = self._released_routes()[index]
             else:

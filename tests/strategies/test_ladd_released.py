@@ -144,3 +144,19 @@ def test_kd_label_weights_are_refused_on_clients_without_labels(tmp_path):
     with pytest.raises(ConfigError, match="kd_label_weights=false"):
         trainer.fit(model, data, ladd())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_evaluation_from_a_checkpoint_routes_as_the_run_did(tmp_path):
+    trainer, _ = fit(tmp_path, ladd(test_routing="released"), rounds=1)
+    evaluator = FederatedTrainer(
+        clients_per_round=3, logger=None, enable_progress_bar=False, default_root_dir=tmp_path / "e"
+    )
+    torch.manual_seed(0)
+    model = SelfTrainingClient(num_classes=3, input_shape=(3, SIZE, SIZE), model="mini_deeplab", lambda_kd=1.0)
+    data = FederatedDataModule(
+        StyleCities(**CITY_KW), batch_size=2, test_fraction=0.0, drop_last=True, eval_batch_size=5
+    )
+    result = evaluator.test(
+        model, data, ladd(test_routing="released"), ckpt_path=trainer.run_dir / "checkpoints/last.ckpt"
+    )
+    assert result["test/routed/miou"] == pytest.approx(trainer.history[-1]["test/routed/miou"], abs=1e-9)
