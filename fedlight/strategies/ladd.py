@@ -99,7 +99,8 @@ class LADD(ClusteredFedAvg):
         input_mean: per-channel mean the dataset subtracted, undone before styles are taken.
         input_std: per-channel standard deviation the dataset divided by.
         kd_teacher: hand the pre-trained model W^0 to the clients as the distillation teacher.
-        teacher_step: ω, the pseudo-label teacher is refreshed when r mod ω = 0 (r ≥ 1).
+        teacher_step: ω, the pseudo-label teacher is refreshed when r mod ω = 0 (r ≥ 1; r = 0 too with
+            ``first_round_teacher: global``).
         swa_start: t_start, the first round whose refresh averages into the SWA teacher; null: no SWA teacher.
         reset_unsampled_clusters: a cluster without clients in a round restarts from the global model (LADD's
             code) instead of keeping its values (the paper).
