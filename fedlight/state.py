@@ -11,8 +11,12 @@ when
 
 - it is a parameter with ``requires_grad=False``;
 - it lies under a submodule the client names in ``frozen_modules`` (parameters and buffers alike);
-- it is a buffer of a module whose own parameters are all frozen (the running statistics of a BatchNorm
-  whose affine weights are frozen follow their module's choice).
+- it lies under a module that has parameters and all of them, its children's included, are frozen (the
+  running statistics of a BatchNorm whose affine weights are frozen follow their module's choice).
+
+One frozen parameter does not freeze the module that holds it: a block with a fixed temperature beside a
+trainable linear layer and a BatchNorm trains, averages and checkpoints both, and only the temperature is
+left out. A client with no federated parameter at all is refused when its layout is built.
 
 Frozen modules run in eval mode during local training (:func:`freeze_modes`), so their buffers stay
 exactly as loaded; the engine loads them once and checkpoints them once.
@@ -40,20 +44,23 @@ class _Entry:
 def frozen_module_names(module: nn.Module, frozen_modules: Iterable[str] = ()) -> list[str]:
     """Qualified names of the submodules that local training leaves unchanged.
 
-    Those named in ``frozen_modules`` (with everything under them) and those whose own parameters exist and
-    are all frozen.
+    Those named in ``frozen_modules`` (with everything under them) and those that have parameters, all of
+    them frozen, their children's included.
 
     >>> net = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
     >>> _ = net[1].requires_grad_(False)
+    >>> frozen_module_names(net)
+    ['1']
+    >>> _ = net[0].weight.requires_grad_(False)  # one frozen parameter of the Linear: the Linear still trains
     >>> frozen_module_names(net)
     ['1']
     """
     prefixes = tuple(f"{name}." for name in frozen_modules)
     names = []
     for name, sub in module.named_modules():
-        own = list(sub.parameters(recurse=False))
+        params = list(sub.parameters())
         named = name in frozen_modules or name.startswith(prefixes)
-        if named or (own and not any(p.requires_grad for p in own)):
+        if named or (params and not any(p.requires_grad for p in params)):
             names.append(name)
     return names
 
@@ -123,6 +130,14 @@ class FlatState:
             else:
                 self.integer_names.append(name)
         self.numel = offset
+        parameters = {name for name, _ in module.named_parameters()}
+        if not any(entry.name in parameters for entry in self.entries):
+            raise ConfigError(
+                f"{type(module).__name__} has no federated parameter: every parameter has requires_grad=False or "
+                f"lies under frozen_modules {list(self.frozen_modules)}, so clients would train nothing and the "
+                "server would average nothing. Leave requires_grad=True on the parts the clients train, and name in "
+                "frozen_modules only the parts that stay fixed (a pretrained backbone)."
+            )
 
     @property
     def names(self) -> list[str]:

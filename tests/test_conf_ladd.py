@@ -118,3 +118,58 @@ def test_mapillary_trains_on_width_1024_windows_without_random_scale():
     dataset = data["dataset"]["init_args"]
     assert (dataset["train_width"], dataset["crop"], dataset["flip"]) == (1024, [512, 1024], True)
     assert data.get("train_transform") is None and dataset["test_width"] == 1024
+
+
+#: what every row of a released_code/ folder changes in the dataset's own row, besides the dataset's λ_KD and labels
+RELEASED = {
+    ("data", "shuffle"): "fixed",
+    ("strategy", "init_args", "reset_unsampled_clusters"): True,
+    ("strategy", "init_args", "shared_pseudo_teacher"): True,
+    ("strategy", "init_args", "swa_of_global"): True,
+    ("strategy", "init_args", "test_routing"): "released",
+}
+LAMBDA_KD, LABEL_WEIGHTS = ("model", "init_args", "lambda_kd"), ("model", "init_args", "kd_label_weights")
+
+
+def _flat(tree: dict, prefix: tuple = ()) -> dict[tuple, object]:
+    out = {}
+    for key, value in tree.items():
+        out.update(_flat(value, (*prefix, key)) if isinstance(value, dict) else {(*prefix, key): value})
+    return out
+
+
+@pytest.mark.parametrize(
+    ("dataset", "row", "changes"),
+    [  # the code's λ_KD (Cityscapes 20, the paper 10) and its KD weighting by label id where clients have labels
+        ("cityscapes", "ladd_all", {LAMBDA_KD: 20.0, LABEL_WEIGHTS: True}),
+        ("cityscapes", "ladd_cls", {LAMBDA_KD: 20.0, LABEL_WEIGHTS: True}),
+        ("crosscity", "ladd_all", {}),
+        ("crosscity", "ladd_cls", {}),
+        ("mapillary", "ladd_all", {LABEL_WEIGHTS: True}),
+        # the code's config for this row runs plain FedAvg
+        ("mapillary", "ladd_cls", {LABEL_WEIGHTS: True,
+                                   ("strategy", "init_args", "clustering"): False,
+                                   ("strategy", "init_args", "first_round_teacher"): "global"}),
+        ("twin", "ladd_all", {}),
+        ("twin", "ladd_cls", {}),
+        ("twin", "ladd_bn", {}),
+        ("twin", "ladd_backbone", {}),
+        ("twin", "fda_st_kd_swat", {("strategy", "init_args", "first_round_teacher"): "global"}),
+    ],
+)  # fmt: skip
+def test_released_code_rows_differ_from_the_papers_by_exactly_the_codes_behaviours(dataset, row, changes):
+    paper = _flat(resolved(CONF / dataset / f"{row}.yaml"))
+    code = _flat(resolved(CONF / dataset / "released_code" / f"{row}.yaml"))
+    expected = {**RELEASED, **changes}
+    differing = {key for key in paper.keys() | code.keys() if paper.get(key) != code.get(key)}
+    if dataset == "mapillary" and row == "ladd_cls":  # no clusters: the test loop's routing never runs
+        differing.discard(("strategy", "init_args", "test_routing"))
+        expected.pop(("strategy", "init_args", "test_routing"))
+    assert differing == set(expected)
+    assert {key: code[key] for key in expected} == expected
+
+
+def test_every_released_row_has_its_papers_row():
+    for folder in CONF.glob("*/released_code"):
+        rows = {p.stem for p in folder.glob("*.yaml")} - {"base"}
+        assert rows and rows <= ROWS[folder.parent.name], folder

@@ -1,6 +1,7 @@
 """Only what is federated enters a round: frozen parts are loaded once, never summed, checkpointed once."""
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -9,6 +10,7 @@ from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
 from fedlight.data.base import FederatedDataset, LabelledTensors
 from fedlight.engine.trainer import FederatedTrainer
+from fedlight.errors import ConfigError
 from fedlight.state import FlatState, frozen_state_names
 from fedlight.strategies import FedAvg
 
@@ -91,3 +93,100 @@ def test_frozen_entries_follow_requires_grad_and_their_modules():
     assert layout.names == ["0.weight", "0.bias", "2.weight"]
     assert layout.numel == 2 * 9 + 2 + 4
     assert layout.integer_names == []
+
+
+class PartlyFrozenBlock(nn.Module):
+    """A block holding one frozen parameter of its own (a fixed temperature) beside trainable children."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.temp = nn.Parameter(torch.tensor(2.0), requires_grad=False)
+        self.fc = nn.Linear(16, 8)
+        self.norm = nn.BatchNorm1d(8)
+
+    def forward(self, x):
+        return self.norm(self.fc(x)) / self.temp
+
+
+class PartlyFrozenNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = PartlyFrozenBlock()
+        self.head = nn.Linear(8, CLASSES)
+
+    def forward_features(self, x):
+        return self.block(x)
+
+    def forward_head(self, features):
+        return self.head(features)
+
+    def forward(self, x):
+        return self.head(self.block(x))
+
+
+def partly_frozen_client():
+    torch.manual_seed(0)
+    client = ClassificationClient(num_classes=CLASSES, input_shape=(16,), model="mlp")
+    client.net = PartlyFrozenNet()
+    return client
+
+
+def test_a_module_is_frozen_only_when_all_its_parameters_are():
+    net = PartlyFrozenNet()
+    assert frozen_state_names(net) == {"block.temp"}
+    assert "block.norm.running_mean" in FlatState(net).names
+    all_frozen = PartlyFrozenNet()
+    all_frozen.block.requires_grad_(False)  # now every parameter under block is frozen, its statistics too
+    assert frozen_state_names(all_frozen) == {f"block.{k}" for k in all_frozen.block.state_dict()}
+
+
+class RecordClientStates(FedAvg):
+    """FedAvg that keeps every client's trained ``block.fc.weight`` and sample count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trained: list[tuple[int, torch.Tensor]] = []
+
+    def on_client_fit_end(self, context, module, update) -> None:
+        self.trained.append((update.num_samples, module.net.block.fc.weight.detach().clone()))
+
+
+def test_trainable_children_of_a_partly_frozen_module_are_averaged_checkpointed_and_resumed(tmp_path):
+    settings = {"logger": "csv", "enable_progress_bar": False, "clients_per_round": 4, "local_epochs": 1}
+    initial = partly_frozen_client().net.block.state_dict()
+    strategy = RecordClientStates()
+    two_rounds = FederatedTrainer(rounds=2, default_root_dir=tmp_path / "a", **settings)
+    two_rounds.fit(partly_frozen_client(), FederatedDataModule(Vectors(), batch_size=10), strategy)
+    global_state = two_rounds.layout.to_state_dict(two_rounds.global_state, two_rounds.global_integers)
+
+    # averaged: the last round's four clients, weighted by their sample counts (all 20)
+    last = strategy.trained[-4:]
+    expected = sum(n * w for n, w in last) / sum(n for n, _ in last)
+    torch.testing.assert_close(global_state["net.block.fc.weight"], expected)
+    # the BatchNorm inside the block trains: its statistics move from their initial values
+    assert not torch.equal(global_state["net.block.norm.running_mean"], initial["norm.running_mean"])
+    # checkpointed as trained, the frozen temperature alone kept aside
+    checkpoint = ckpt_io.load(two_rounds.run_dir / "checkpoints" / "last.ckpt")
+    torch.testing.assert_close(checkpoint["global_state"]["net.block.fc.weight"], expected)
+    assert sorted(checkpoint["frozen_state"]) == ["net.block.temp"]
+
+    # resumed: one round, then a second from its checkpoint, ends where two uninterrupted rounds do
+    one_round = FederatedTrainer(rounds=1, default_root_dir=tmp_path / "b", **settings)
+    one_round.fit(partly_frozen_client(), FederatedDataModule(Vectors(), batch_size=10), FedAvg())
+    resumed = FederatedTrainer(rounds=2, default_root_dir=tmp_path / "b", **settings)
+    resumed.fit(
+        partly_frozen_client(),
+        FederatedDataModule(Vectors(), batch_size=10),
+        FedAvg(),
+        ckpt_path=one_round.run_dir / "checkpoints" / "last.ckpt",
+    )
+    torch.testing.assert_close(resumed.global_state, two_rounds.global_state, rtol=0, atol=0)
+
+
+def test_a_client_without_federated_parameters_is_refused_at_set_up(tmp_path):
+    model = partly_frozen_client()
+    model.net.requires_grad_(False)
+    trainer = FederatedTrainer(rounds=1, clients_per_round=2, logger="csv", default_root_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"has no federated parameter.*requires_grad"):
+        trainer.fit(model, FederatedDataModule(Vectors(), batch_size=10), FedAvg())
+    assert list(tmp_path.iterdir()) == []

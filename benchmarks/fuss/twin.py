@@ -29,12 +29,23 @@ Every run writes ``per_image.csv`` (for ``fedlight compare``) and, with ``--figu
     python benchmarks/fuss/twin.py --main-rows-only --seeds 0 1 2 --rounds 1 --misaligned   # FUSS's misaligned case
     python benchmarks/fuss/twin.py --main-rows-only --seeds 0 1 2 --crf       # with the dense CRF (pydensecrf2)
     python benchmarks/fuss/twin.py --reduced   # CI: 12 classes, 3 cities, 2 rounds, seed 0
+    python benchmarks/fuss/twin.py --main-rows-only --moon --seeds 0 1 2 3 4 5 6 7   # + FedMOON as released
+
+``--moon`` adds FedMOON as FUSS's released code runs it (``FedCCMOON(previous: averaged)``, which is FedAvg): once
+with the run's seed, and once with another training seed (dropout, sampled points, batch order) on the same data
+and initial model, the twin's counterpart of rerunning one method. After the table come the paired per-seed
+differences from FedAvg, mean ± standard error, and the seeds a difference of the paper's size would need at
+the spread measured (two-sided α = 0.05, power 0.8; ``benchmarks/paired.py``); every seed's scores go to
+``<cache>/scores.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -49,8 +60,18 @@ from fedlight.data.twins.street_scenes import PIXEL_MEAN, PIXEL_STD
 from fedlight.engine.trainer import FederatedTrainer
 from fedlight.models.patch_features import build_patch_backbone
 from fedlight.state import FlatState
-from fedlight.strategies import FedCC
+from fedlight.strategies import FedCC, FedCCMOON
 from fedlight.strategies.fedcc_figures import centroid_maps, plot_centroid_maps
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from paired import paired, seeds_needed
+
+RELEASED_MOON = "FedMOON as released (W+E+C)"
+RERUN_MOON = "FedMOON as released, another training seed"
+OTHER_TRAINING_SEED = 1000  # added to the run's seed for RERUN_MOON; data and initial model stay the seed's
+#: the paper's difference from FedAvg (FUSS, Cityscapes, 3 clients): Table 4 (no CRF) for FedCC, Table 2 for FedMOON
+PAPER_DELTA = {"FedCC-kMeans (W+E+C)": 19.71 - 19.24, "FedCC-Maximin (W+E+C)": 19.52 - 19.24,
+               RELEASED_MOON: 19.83 - 21.12, RERUN_MOON: 19.83 - 21.12}  # fmt: skip
 
 
 @torch.no_grad()
@@ -73,7 +94,9 @@ def measured_shifts(dataset: StreetScenes, backbone: torch.nn.Module, samples: i
     return shifts
 
 
-def run(args, dataset, shifts, center, strategy: FedCC, cache_dir: str) -> tuple[dict, FederatedTrainer]:
+def run(
+    args, dataset, shifts, center, strategy: FedCC, cache_dir: str, training_seed: int | None = None
+) -> tuple[dict, FederatedTrainer]:
     data = FederatedDataModule(dataset, batch_size=8, test_fraction=0.0, return_index=True, eval_batch_size=64)
     torch.manual_seed(args.seed)  # one initial model (and backbone) for every rule
     model = UnsupervisedSegmentationClient(
@@ -99,7 +122,7 @@ def run(args, dataset, shifts, center, strategy: FedCC, cache_dir: str) -> tuple
         enable_progress_bar=False,
         default_root_dir=f"{cache_dir}/runs",
         eval_every=args.rounds,
-        seed=args.seed,
+        seed=args.seed if training_seed is None else training_seed,
         callbacks=[BackboneFeatureCache(directory=cache_dir), PerImageScores()],
     )
     return trainer.fit(model, data, strategy), trainer
@@ -120,6 +143,9 @@ def rows_of(args) -> dict[str, FedCC]:
         rows[f"{name} (C)"] = FedCC(centroids=rule, aggregated="centroids", **misaligned)
     if args.modes_only:
         rows = {name: rule for name, rule in rows.items() if "W+E+C" not in name}
+    if args.moon:
+        rows[RELEASED_MOON] = FedCCMOON(centroids="average", previous="averaged")
+        rows[RERUN_MOON] = FedCCMOON(centroids="average", previous="averaged")
     return rows
 
 
@@ -148,7 +174,8 @@ def one_seed(args, seed: int) -> tuple[dict[str, list[float]], FederatedTrainer]
     scores, trainer = {}, None
     for name, strategy in rows_of(args).items():
         started = time.perf_counter()
-        metrics, trainer = run(args, dataset, shifts, center, strategy, f"{args.cache}/seed{seed}")
+        training_seed = seed + OTHER_TRAINING_SEED if name == RERUN_MOON else None
+        metrics, trainer = run(args, dataset, shifts, center, strategy, f"{args.cache}/seed{seed}", training_seed)
         scores[name] = [100 * metrics[f"test/{key}"] for key in ("miou", "acc", "linear/miou")]
         seconds = time.perf_counter() - started
         print(f"  {name}: " + " / ".join(f"{v:.2f}" for v in scores[name]) + f" ({seconds:.0f} s), "
@@ -179,6 +206,8 @@ def main() -> None:
         action="store_true",
         help="each client's first fit starts from the centroids in an order of its own (FedCC misaligned_start)",
     )
+    parser.add_argument("--moon", action="store_true", help="add FedMOON as FUSS's released code runs it, with the "
+                        "run's seed and with another training seed")  # fmt: skip
     parser.add_argument("--crf", action="store_true", help="refine the scores by a dense CRF (pip install pydensecrf2)")
     parser.add_argument("--figures", action="store_true", help="draw every W+E+C run's centroids (centroids.png)")
     args = parser.parse_args()
@@ -199,6 +228,10 @@ def main() -> None:
     for seed in seeds:
         scores, trainer = one_seed(args, seed)
         per_seed.append(scores)
+        Path(args.cache).mkdir(parents=True, exist_ok=True)
+        (Path(args.cache) / "scores.json").write_text(
+            json.dumps(dict(zip(map(str, seeds), per_seed, strict=False)), indent=1)
+        )
     print(f"\nmean ± sample std over seeds {seeds} (%)")
     print("\n| run | mIoU | acc | linear-probe mIoU |\n|---|---|---|---|")
     for name in per_seed[0]:
@@ -206,6 +239,16 @@ def main() -> None:
         spread = values.std(axis=0, ddof=1) if len(values) > 1 else np.zeros(3)
         cells = [f"{m:.2f} ± {s:.2f}" for m, s in zip(values.mean(axis=0), spread, strict=True)]
         print(f"| {name} | " + " | ".join(cells) + " |")
+
+    if "FedAvg (W+E+C)" in per_seed[0] and len(seeds) > 1:
+        print("\n| B − FedAvg (mIoU) | paper δ | per seed | mean ± se (sd) | seeds for δ (α 0.05, power 0.8) |")
+        print("|---|---|---|---|---|")
+        for name, delta in PAPER_DELTA.items():
+            if name in per_seed[0]:
+                d = [scores[name][0] - scores["FedAvg (W+E+C)"][0] for scores in per_seed]
+                p = paired(d)
+                needed = seeds_needed(delta, p.sd) if p.sd > 0 else "–"
+                print(f"| {name} | {delta:+.2f} | {', '.join(f'{x:+.2f}' for x in d)} | {p} | {needed} |")
 
     cache = trainer.callbacks[0].cache
     print(f"\nfeature cache: {cache.nbytes / 2**20:.2f} MiB for {len(cache.stores)} clients "

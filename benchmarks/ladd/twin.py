@@ -20,6 +20,13 @@ writes its tables to ``benchmarks/ladd/results/``; other runs write them beside 
     # the federated rows at another client learning rate (how fast self-training moves the model)
     python benchmarks/ladd/twin.py --seeds 0 1 2 --lr 0.003 --rows pretrain_fda fedavg_st fda_st_kd --out runs/ladd/lr
     python benchmarks/ladd/twin.py --reduced --rows source_only pretrain_fda fda_st_kd ladd_all --out /tmp/x  # CI
+    # the federated rows as LADD's released code runs them (conf/ladd/twin/released_code/)
+    python benchmarks/ladd/twin.py --released-code --seeds 0 1 2 --rows pretrain_fda fda_st_kd_swat ladd_all --out ...
+
+The table ``twin.md`` ends with the paired comparisons of :data:`COMPARISONS` that the runs hold: per seed the
+later row's score minus the earlier's (routed for rows with clusters, global otherwise), their mean ± standard
+error, and the seeds a difference of the paper's size would need at the spread measured (two-sided α = 0.05,
+power 0.8; ``benchmarks/paired.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import csv
 import json
 import math
 import re
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -36,6 +44,9 @@ from pathlib import Path
 import torch
 
 from fedlight.cli import run
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from paired import paired, seeds_needed
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf/ladd/twin"
@@ -60,6 +71,10 @@ REDUCED_FEDERATED = ["--trainer.rounds=4", "--trainer.clients_per_round=4",
                      "--data.dataset.init_args.num_test_per_city=10"]  # fmt: skip
 NO_SWA = {"st", "fedavg_st", "fda_st_kd", "fda_st_kd_clu"}  # rows without an SWA teacher
 #: ``--code-behaviours``: what LADD's released code does where it departs from the paper (docs/ladd.md)
+#: (A, B): B − A per seed, compared with the paper's B − A on CrossCity (Tables 5–7)
+COMPARISONS = [("source_only", "pretrain_fda"), ("pretrain_fda", "fedavg_st"), ("fedavg_st", "fda_st_kd"),
+               ("fda_st_kd", "fda_st_kd_swat"), ("fda_st_kd_swat", "ladd_bn"), ("fda_st_kd_swat", "ladd_backbone"),
+               ("fda_st_kd_swat", "ladd_cls"), ("fda_st_kd_swat", "ladd_all")]  # fmt: skip
 CODE_BEHAVIOURS = [
     "--strategy.init_args.reset_unsampled_clusters=true",
     "--strategy.init_args.shared_pseudo_teacher=true",
@@ -88,14 +103,21 @@ def cluster_accuracy(run_dir: Path) -> float | None:
 
 
 def run_row(
-    row: str, out: Path, seed: int = 0, reduced: bool = False, code: bool = False, lr: float | None = None
-) -> dict[str, object]:
+    row: str, out: Path, seed: int = 0, reduced: bool = False, code: bool = False, lr: float | None = None,
+    released: bool = False, pretrained: Path | None = None,
+) -> dict[str, object]:  # fmt: skip
     """Runs one row's config with ``seed`` (data and training) into ``out/<row>/version_0``; summarises its metrics.
 
-    ``code`` adds LADD's code behaviours (:data:`CODE_BEHAVIOURS`) to the federated rows; ``lr`` replaces their
-    clients' learning rate.
+    ``code`` adds three of LADD's code behaviours (:data:`CODE_BEHAVIOURS`) to the federated rows; ``released``
+    runs the federated rows from ``released_code/`` (all of them); ``lr`` replaces their clients' learning rate;
+    ``pretrained`` is an earlier run's folder whose ``seed<s>/`` pre-trainings the federated rows start from.
     """
-    args = ["fit", "--config", str(CONF / f"{row}.yaml"), f"--trainer.default_root_dir={out}",
+    config = CONF / "released_code" / f"{row}.yaml" if released and row in FEDERATED else CONF / f"{row}.yaml"
+    if not config.is_file():
+        raise SystemExit(
+            f"{config} does not exist: released_code/ holds {sorted(p.stem for p in config.parent.glob('*.yaml'))}"
+        )
+    args = ["fit", "--config", str(config), f"--trainer.default_root_dir={out}",
             "--trainer.logger=csv", "--trainer.enable_progress_bar=false", f"--seed_everything={seed}",
             f"--data.dataset.init_args.seed={seed}"]  # fmt: skip
     if row.startswith("pretrain_fda"):  # the style pools are written next to the runs
@@ -107,7 +129,8 @@ def run_row(
         args += [] if row in NO_SWA or row not in FEDERATED else ["--strategy.init_args.swa_start=2"]
     if row in FEDERATED:
         source = "source_only" if row == "st" else "pretrain_fda"
-        args.append(f"--trainer.init_from={out}/{source}/version_0/checkpoints/last.ckpt")
+        sources = out if pretrained is None else pretrained / out.name
+        args.append(f"--trainer.init_from={sources}/{source}/version_0/checkpoints/last.ckpt")
         args += CODE_BEHAVIOURS if code else []
         args += [] if lr is None else [f"--model.init_args.optimizer.init_args.lr={lr}"]
     started = time.perf_counter()
@@ -123,6 +146,10 @@ def run_row(
         "seconds": round(seconds, 1),
         "global": tail_summary(rows, "test/miou"),
         "routed": tail_summary(rows, "test/routed/miou"),
+        "released_global": tail_summary(rows, "test/released_global/miou"),
+        "routing_agreement": float(rows[-1]["routing/released_agreement"])
+        if rows[-1].get("routing/released_agreement")
+        else None,
         "clusters": float(rows[-1]["clusters/k"]) if rows[-1].get("clusters/k") else None,
         "cluster_accuracy": cluster_accuracy(run_dir),
     }
@@ -151,15 +178,22 @@ def main() -> None:
     parser.add_argument("--code-behaviours", action="store_true", help="federated rows as LADD's released code "
                         "runs them: unsampled clusters restart from the global model, one shared pseudo-label "
                         "teacher, the SWA teacher averages the global model")  # fmt: skip
+    parser.add_argument("--released-code", action="store_true", help="federated rows from conf/ladd/twin/"
+                        "released_code/: every behaviour of LADD's released code (docs/ladd.md)")  # fmt: skip
     parser.add_argument("--lr", type=float, default=None, help="the federated rows' client learning rate instead of "
                         "base.yaml's 0.01: how fast self-training moves the model (the twin's time scale)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--collect", nargs="+", type=Path, help="only write the committed tables from the twin.json "
                         "of these folders (e.g. seeds run as separate processes; name benchmarks/ladd/results too to "
                         "keep the committed runs)")  # fmt: skip
+    parser.add_argument("--pretrained", type=Path, default=None, help="an earlier --out whose seed<s>/ pre-trainings "
+                        "the federated rows start from, instead of running them again")  # fmt: skip
+    parser.add_argument("--tables", type=Path, default=RESULTS, help="where --collect writes twin.md and twin.json")
     args = parser.parse_args()
     if args.collect:
-        write_tables([r for folder in args.collect for r in json.loads((folder / "twin.json").read_text())], RESULTS)
+        write_tables(
+            [r for folder in args.collect for r in json.loads((folder / "twin.json").read_text())], args.tables
+        )
         return
     if args.lr is not None and not args.lr > 0:
         parser.error(f"--lr must be a learning rate > 0, got {args.lr}")
@@ -168,12 +202,15 @@ def main() -> None:
     if args.out.exists():
         raise SystemExit(f"{args.out} exists; remove it or pass --out elsewhere, so every row is version_0")
     # the committed tables come from full runs of the default rows; others write their tables beside their runs
-    changed = args.reduced or args.code_behaviours or args.lr is not None
+    changed = args.reduced or args.code_behaviours or args.released_code or args.lr is not None
     results_dir = RESULTS if args.rows is None and not changed else args.out
     results = []
     for seed in args.seeds:  # the tables are rewritten after every row, so a cut-short run keeps what it measured
         for row in rows:
-            results.append(run_row(row, args.out / f"seed{seed}", seed, args.reduced, args.code_behaviours, args.lr))
+            results.append(
+                run_row(row, args.out / f"seed{seed}", seed, args.reduced, args.code_behaviours, args.lr,
+                        args.released_code, args.pretrained)
+            )  # fmt: skip
             print(json.dumps(results[-1]), flush=True)
             write_tables(results, results_dir)
 
@@ -204,9 +241,32 @@ def write_tables(results: list[dict[str, object]], results_dir: Path) -> None:
         lines.append(f"| {row} | {PAPER.get(row, '–')} | {runs[0]['rounds']} | {fmt(summary('global'))} "
                      f"| {fmt(summary('routed'))} | {fmt(gains)} | {'/'.join(k) or '–'} | "
                      f"{'–' if accuracy is None else f'{100 * accuracy[0]:.0f} %'} | {seconds:.1f} |")  # fmt: skip
+    lines += paired_lines(results)
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "twin.md").write_text("\n".join(lines) + "\n")
     (results_dir / "twin.json").write_text(json.dumps(results, indent=1))
+
+
+def score(result: dict[str, object]) -> float | None:
+    """A run's tail mean in %: routed for rows with clusters, the global model's otherwise (LADD's reporting)."""
+    summary = result["routed"] or result["global"]
+    return None if summary is None else 100 * summary[0]
+
+
+def paired_lines(results: list[dict[str, object]]) -> list[str]:
+    """The :data:`COMPARISONS` the results hold: per-seed differences, mean ± se, and seeds for the paper's δ."""
+    by = {(r["row"], r["seed"]): score(r) for r in results}
+    lines = ["", "| B − A | paper δ | per seed | mean ± se (sd) | seeds for δ (α 0.05, power 0.8) |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for a, b in COMPARISONS:
+        seeds = sorted(s for (row, s), v in by.items() if row == b and v is not None and by.get((a, s)) is not None)
+        if not seeds:
+            continue
+        d = [by[(b, s)] - by[(a, s)] for s in seeds]
+        p, delta = paired(d), PAPER[b] - PAPER[a]
+        needed = seeds_needed(delta, p.sd) if len(d) > 1 and p.sd > 0 else "–"
+        lines.append(f"| {b} − {a} | {delta:+.2f} | {', '.join(f'{x:+.2f}' for x in d)} | {p} | {needed} |")
+    return lines if len(lines) > 3 else []
 
 
 if __name__ == "__main__":

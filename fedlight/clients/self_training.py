@@ -149,7 +149,7 @@ def kd_loss(
     Args:
         student_logits: ``[B, Q, H, W]`` z_S.
         teacher_logits: ``[B, Q, H, W]`` z_T of the fixed pre-trained model.
-        mask: ``[B, H, W]`` bool or 0/1 weights, None for every pixel.
+        mask: ``[B, H, W]`` bool or per-pixel weights, None for every pixel.
         temperature: T, 2 in LADD (its code multiplies the teacher's logits by α = 0.5).
 
     Returns:
@@ -259,6 +259,11 @@ class SelfTrainingClient(SegmentationClient):
         temperature: T of the KD teacher's soft targets (2).
         kd_mask: restrict L_KD to the pixels whose KD-teacher label survives the pseudo-label rule, as LADD's
             code does; false distils every pixel.
+        kd_label_weights: multiply each pixel's KD term by the pixel's ground-truth label id, as LADD's released
+            code does on Cityscapes and Mapillary (it hands the batch's labels to its KD loss, which multiplies
+            by them: a road pixel, id 0, weighs 0, a void one 255). A leak of the labels the clients should
+            not have; the paper's loss has no such weight, so the default is false. CrossCity's clients have
+            no labels, and the code's loss is unweighted there; set-up refuses it with such data.
         poly_power: power of a polynomial learning-rate decay over the run; 0 (LADD) keeps it constant.
         ignore_index: label of void pixels in the evaluation masks.
     """
@@ -275,6 +280,7 @@ class SelfTrainingClient(SegmentationClient):
         fraction: float = 0.66,
         temperature: float = 2.0,
         kd_mask: bool = True,
+        kd_label_weights: bool = False,
         poly_power: float = 0.0,
         ignore_index: int = IGNORE_INDEX,
     ) -> None:
@@ -294,9 +300,10 @@ class SelfTrainingClient(SegmentationClient):
         self.fraction = fraction
         self.temperature = temperature
         self.kd_mask = kd_mask
+        self.kd_label_weights = kd_label_weights
 
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> dict[str, torch.Tensor]:
-        x = batch[0]  # batch[1], the labels, stays unread: FFREEDA's clients have none
+        x = batch[0]  # batch[1], the labels, stays unread (FFREEDA's clients have none) unless kd_label_weights
         logits = self.net(x)  # [B, Q, H, W]
         pseudo_teacher = self.teachers.get("pseudo")
         teacher_logits = None
@@ -314,6 +321,9 @@ class SelfTrainingClient(SegmentationClient):
             if self.kd_mask:
                 labels = pseudo_label_mask(_at_least_fp32(kd_logits).softmax(dim=1), self.conf_th, self.fraction)
                 mask = labels != self.ignore_index  # [B, H, W]
+            if self.kd_label_weights:  # the released code's per-pixel weight: the ground-truth label id
+                weights = batch[1].to(torch.float32)  # [B, H, W], void pixels 255
+                mask = weights if mask is None else weights * mask
             loss_kd = kd_loss(logits, kd_logits, mask, self.temperature)
             loss = loss + self.lambda_kd * loss_kd
             outputs["loss_kd"] = loss_kd.detach()

@@ -72,7 +72,9 @@ class UnsupervisedSegmentationClient(FederatedClient):
             (``configure_model``, or a checkpoint's frozen state when resuming).
         num_clusters: n, the rows of M; ``null`` means C (27 for Cityscapes and CocoStuff-27).
         dim: D, the code width (70).
-        dropout: ``Dropout2d`` probability in front of each head branch and on the features the loss reads.
+        dropout: ``Dropout2d`` probability. Each head branch drops channels of the undropped backbone features
+            with its own mask, and the correspondence loss (and MOON's reference codes) read a copy of the
+            features dropped with a third, independent mask, as STEGO's featurizer does with ``dropout: true``.
         preset: λ and b of the three pairings, the official ``cityscapes`` or ``cocostuff`` configuration.
         correspondence: values that replace the preset's (``lambda_self``, ``b_rand``, …). The shifts b are
             thresholds on feature correlations, so another backbone needs its own (STEGO tunes them per
@@ -219,8 +221,10 @@ class UnsupervisedSegmentationClient(FederatedClient):
                 "The kNN pairing of the correspondence loss needs each client's nearest neighbours: add "
                 "fedlight.callbacks.BackboneFeatureCache to --trainer.callbacks and set --data.return_index=true."
             )
-        feats, feats_knn = self.feature_dropout(feats), self.feature_dropout(feats_knn)
+        # each branch of the head draws its own mask over the undropped features; the loss reads a copy dropped
+        # with a third mask, as STEGO's featurizer returns it (dropout: true in the FUSS and STEGO configs)
         codes, codes_knn = self.head(feats), self.head(feats_knn)  # [B, D, h, w]
+        feats, feats_knn = self.feature_dropout(feats), self.feature_dropout(feats_knn)  # [B, C, h, w]
         stego, terms = correspondence_loss(
             feats, codes, feats_knn, codes_knn, self.weights, self.feature_samples, self.num_negatives
         )  # FUSS Eq. 10

@@ -129,6 +129,9 @@ class FederatedDataset(ABC):
     input_shape: tuple[int, ...]
     #: the names of classes 0…C−1; None: the classes are known by their numbers only
     class_names: tuple[str, ...] | None = None
+    #: Whether the training samples carry real labels; False for unlabelled clients whose label maps are all
+    #: void (LADD's CrossCity split), so that options that read training labels can be refused at set-up.
+    train_labels: bool = True
 
     @abstractmethod
     def load_train(self) -> LabelledTensors:

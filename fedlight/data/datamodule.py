@@ -59,6 +59,11 @@ class FederatedDataModule:
         return_index: training batches are ``(x, y, index)`` with each sample's position in the pool, for
             losses that look up other data of a sample (STEGO's nearest neighbours, cached backbone
             features); evaluation batches are unchanged.
+        shuffle: the order a client reads its training samples in: ``every_round``, drawn afresh from the
+            client's stream of each round, or ``fixed``, one order for every round, the one a shuffling
+            ``DistributedSampler`` (seed 0) gives when its epoch is never advanced, as LADD's released code
+            trains (the same for every client of a size; the epoch's short last batch is then always the same
+            samples). Augmentations still draw from the round's stream.
     """
 
     def __init__(
@@ -73,6 +78,7 @@ class FederatedDataModule:
         train_transform: BatchTransform | None = None,
         drop_last: bool = False,
         return_index: bool = False,
+        shuffle: Literal["every_round", "fixed"] = "every_round",
     ) -> None:
         problems = []
         if batch_size < 1:
@@ -85,6 +91,8 @@ class FederatedDataModule:
         check = getattr(dataset, "partition_problems", None)  # a dataset whose own split a partitioner would drop
         if check is not None:
             problems += check(partitioner)
+        if shuffle not in ("every_round", "fixed"):
+            problems.append(f"Expected --data.shuffle to be 'every_round' or 'fixed', got {shuffle!r}.")
         if problems:
             raise ConfigError(*problems)
         self.dataset = dataset
@@ -97,6 +105,7 @@ class FederatedDataModule:
         self.train_transform = train_transform
         self.drop_last = drop_last
         self.return_index = return_index
+        self.shuffle = shuffle
         self.device = torch.device("cpu")
         self._is_setup = False
 
@@ -184,7 +193,11 @@ class FederatedDataModule:
         Batches are ``(x, y)``, or ``(x, y, pool index)`` with ``return_index``.
         """
         indices = self.client_train[client]
-        order = indices[torch.randperm(len(indices), generator=generator).to(indices.device)]
+        if self.shuffle == "fixed":  # a DistributedSampler's epoch-0 order, seed 0, one process
+            permutation = torch.randperm(len(indices), generator=torch.Generator().manual_seed(0))
+        else:
+            permutation = torch.randperm(len(indices), generator=generator)
+        order = indices[permutation.to(indices.device)]
         for start in range(0, self.num_batches(client) * self.batch_size, self.batch_size):
             batch = order[start : start + self.batch_size]
             if self.pool.train_reader is not None:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torchmetrics import Metric
 
-from fedlight.engine.loggers import client_spread, scalar_metrics
+from fedlight.engine.loggers import client_spread
+from fedlight.metrics.scalars import scalar_metrics
 
 if TYPE_CHECKING:
     from lightning.fabric import Fabric

@@ -145,17 +145,6 @@ def resolve_wandb_mode(mode: WandbMode | None) -> WandbMode:
     return {"online": "online", "run": "online", "offline": "offline", "dryrun": "offline"}.get(env, "offline")
 
 
-def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """Scalar metrics only, as plain floats (NaN kept: it is information)."""
-    out = {}
-    for key, value in metrics.items():
-        if hasattr(value, "item") and getattr(value, "numel", lambda: 1)() == 1:
-            value = value.item()
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[key] = float(value)
-    return out
-
-
 def histogram_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     """1-D tensors and arrays of ``metrics`` as W&B histograms of their finite values (e.g. FedProto's attention
     weights a^t[k], the clients' accuracies); for per-client values (``…_per_client``), also a table

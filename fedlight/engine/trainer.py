@@ -62,7 +62,7 @@ from fedlight.engine.launch import (
     resolve_threads,
 )
 from fedlight.engine.local_fit import LocalTraining, all_finite
-from fedlight.engine.loggers import RunLoggers, scalar_metrics, wandb_login_problems
+from fedlight.engine.loggers import RunLoggers, wandb_login_problems
 from fedlight.engine.model import GlobalModel, prepare_module
 from fedlight.engine.run_state import check_checkpoint, load_run_state, run_state
 from fedlight.engine.rundir import RunFolder, check_root, recorded_run_dir
@@ -70,6 +70,7 @@ from fedlight.engine.setup import check_init_from, planned_rounds, prepare_data,
 from fedlight.engine.stopping import StopRequest
 from fedlight.engine.streams import RandomStreams
 from fedlight.errors import ConfigError, RunInterrupted
+from fedlight.metrics.scalars import scalar_metrics
 from fedlight.plans import ClientPlan
 from fedlight.state import FlatState
 from fedlight.strategies.base import Strategy

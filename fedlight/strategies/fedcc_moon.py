@@ -11,8 +11,16 @@ with z_g = N^t(f), z_p = N_prev(f), τ = 0.5 and weight 1. N^t is frozen at the 
 client's N after its previous local fit. A client with no previous fit has no negative and adds nothing, as
 :class:`~fedlight.strategies.moon.MOON` does. Table 2's "FedMOON" row is ``centroids: average``.
 
+**As released** (``previous: averaged``). FUSS's code keeps the previous local N as a submodule of the
+client's model, so the server's average of whole state dicts averages it too, and every client then loads it
+back: its "previous" N is the average of the clients' trained N, which is N^t itself (and at the start, the
+same initial N). With z_p = z_g every pixel's term is −log(e^a / (2e^a + 1e-8)) ≈ log 2 whatever the head
+does; its gradient is a's times −1e-8 / (2e^a + 1e-8), nothing in fp32. The rows the paper reports as FedMOON
+are then FedAvg's (Table 3 gives 24.69 for both), and their differences from the FedAvg rows are run-to-run
+noise. The paper's MOON (``previous: local``) is the default; ``averaged`` is the released behaviour.
+
 Memory: one flat fp32 copy of N per client that has trained (DINO ViT-B/8's N: 2.6 MB), kept on the CPU and
-checkpointed; two frozen copies of N on the training device.
+checkpointed (none with ``previous: averaged``); two frozen copies of N on the training device.
 """
 
 from __future__ import annotations
@@ -56,6 +64,9 @@ class FedCCMOON(FedCC):
         mu: weight of the contrastive loss (1 in FUSS).
         temperature: τ (0.5).
         branch: the contrasted submodule (``head.nonlinear``, FUSS's N).
+        previous: the negative model: ``local``, the client's N after its previous fit (the paper's MOON), or
+            ``averaged``, what FUSS's released code contrasts with: the previous models averaged by the server
+            like every other entry, i.e. N^t itself, from the first round on (the term then has no gradient).
         centroids: ``maximin``, ``kmeans`` or ``average`` (plain MOON); see FedCC.
         weighting: ``batches`` or ``uniform``; see FedCC.
         aggregated: ``all``, ``encoder`` or ``centroids``; see FedCC.
@@ -68,6 +79,7 @@ class FedCCMOON(FedCC):
         mu: float = 1.0,
         temperature: float = 0.5,
         branch: str = "head.nonlinear",
+        previous: Literal["local", "averaged"] = "local",
         centroids: CentroidRule = "maximin",
         weighting: Literal["batches", "uniform"] = "batches",
         aggregated: Literal["all", "encoder", "centroids"] = "all",
@@ -79,6 +91,11 @@ class FedCCMOON(FedCC):
             problems.append(f"Expected --strategy.init_args.mu ≥ 0, got {mu}; FUSS uses 1.")
         if not temperature > 0:
             problems.append(f"Expected --strategy.init_args.temperature (τ) > 0, got {temperature}; FUSS uses 0.5.")
+        if previous not in ("local", "averaged"):
+            problems.append(
+                f"Expected --strategy.init_args.previous to be 'local' (the paper's MOON) or 'averaged' (FUSS's "
+                f"released code), got {previous!r}."
+            )
         if problems:
             raise ConfigError(*problems)
         super().__init__(
@@ -88,7 +105,7 @@ class FedCCMOON(FedCC):
             tolerate_stragglers=tolerate_stragglers,
             sampling=sampling,
         )
-        self.mu, self.temperature, self.branch = mu, temperature, branch
+        self.mu, self.temperature, self.branch, self.previous_model = mu, temperature, branch, previous
         self.previous: dict[int, Tensor] = {}  # client → [P_N] its N after its last local fit
         self._fresh: dict[int, Tensor] = {}  # this round's entries of ``previous``, trained in this process
         self._layout: FlatState | None = None
@@ -120,16 +137,20 @@ class FedCCMOON(FedCC):
             self._layout.load(self._previous, previous)
 
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, Tensor]) -> Tensor:
-        if self.mu == 0 or not self._has_previous:
+        averaged = self.previous_model == "averaged"
+        if self.mu == 0 or not (self._has_previous or averaged):
             return outputs["loss"]
-        feats = outputs["features"]  # f [B, C, h, w], as the head read them
+        feats = outputs["features"]  # f [B, C, h, w], the dropped copy the correspondence loss reads (FUSS's code)
         with torch.no_grad():
-            positive, negative = self._global(feats), self._previous(feats)  # [B, D, h, w]
+            positive = self._global(feats)  # [B, D, h, w]
+            negative = positive if averaged else self._previous(feats)  # the released code's N_prev is N^t
         contrastive = pixel_contrastive_loss(outputs["codes"], positive, negative, self.temperature)
         return outputs["loss"] + self.mu * contrastive
 
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         super().on_client_fit_end(context, module, update)
+        if self.previous_model == "averaged":
+            return  # the negative is N^t: nothing of the client's own to keep
         state = self._layout.flatten(module.get_submodule(self.branch)).cpu()
         if bool(torch.isfinite(state).all()):
             self.previous[update.client] = self._fresh[update.client] = state

@@ -22,17 +22,22 @@ images, so the normalisation the dataset applied (``input_mean``/``input_std``, 
 undone first. Routes of evaluation batches are cached by the batch's content: images and centroids do not
 change during a run, and an image's FFT at 1024×512 costs more than scoring it.
 
-Where LADD's official code differs from the paper, the paper is the default and the code's behaviour a flag:
+Where LADD's released code differs from the paper, the paper is the default and the code's behaviour a flag
+(``docs/ladd.md`` has the table; ``conf/ladd/<dataset>/released_code/`` the rows that turn them all on):
 
 - unsampled clusters keep θ_c (the code resets them to the global model: ``reset_unsampled_clusters``);
-- every cluster has its own pseudo-label teacher (the code loads the clusters one after the other into one
-  shared model, so every client gets the last cluster's: ``shared_pseudo_teacher``);
-- the SWA teacher averages each cluster's model with its BatchNorm statistics (the code averages the global
-  model's parameters into every teacher, its statistics staying as first set: ``swa_of_global``).
-
-The code also sets the SWA teachers to the global model one round before t_start; since the first running-mean
-update overwrites them, that only changes the teacher of rounds t_start − 1 … (first refresh ≥ t_start) − 1,
-and this rule keeps the cluster models there.
+- every cluster has its own pseudo-label teacher (the code loads each client's cluster model into one shared
+  model, in the order the clients are listed, so every client gets the cluster model of the last client
+  listed: ``shared_pseudo_teacher``);
+- the SWA teacher averages each cluster's model with its BatchNorm statistics (``swa_of_global``: the code
+  copies, at round t_start − 1, the whole model it holds then, and from t_start averages the global model's
+  parameters into it, so its BatchNorm statistics stay those of the copy; the teacher is used from the first
+  refresh at or after t_start − 1);
+- in round 0 the students label themselves (``first_round_teacher: global``: W^0 is the teacher, as the code
+  runs rows without clusters);
+- every test image is scored by the cluster nearest its own style (``test_routing: released``: the code's test
+  loop, :mod:`fedlight.strategies.ladd_released`, which scores each image by an unrelated image's cluster and
+  reports as "global" the previous image's cluster model).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import torch
 
 from fedlight.data.style.fda import FDA_SIZE, client_style, extract_style
 from fedlight.errors import ConfigError
+from fedlight.strategies import ladd_released as released
 from fedlight.strategies.clustered_fedavg import ClusteredFedAvg
 from fedlight.strategies.clustering import (
     cluster_centroids,
@@ -93,13 +99,25 @@ class LADD(ClusteredFedAvg):
         input_mean: per-channel mean the dataset subtracted, undone before styles are taken.
         input_std: per-channel standard deviation the dataset divided by.
         kd_teacher: hand the pre-trained model W^0 to the clients as the distillation teacher.
-        teacher_step: ω, the pseudo-label teacher is refreshed when r mod ω = 0 (r ≥ 1).
+        teacher_step: ω, the pseudo-label teacher is refreshed when r mod ω = 0 (r ≥ 1; r = 0 too with
+            ``first_round_teacher: global``).
         swa_start: t_start, the first round whose refresh averages into the SWA teacher; null: no SWA teacher.
         reset_unsampled_clusters: a cluster without clients in a round restarts from the global model (LADD's
             code) instead of keeping its values (the paper).
-        shared_pseudo_teacher: every client's pseudo-label teacher is the last cluster's (LADD's code).
-        swa_of_global: the SWA teacher is the running mean of the global model's parameters, one for all
-            clusters, BatchNorm statistics as first set (LADD's code).
+        shared_pseudo_teacher: every client's pseudo-label teacher is the cluster model of the client the dataset
+            lists last (the order of its split files), as LADD's code hands one shared model to every client.
+        swa_of_global: LADD's code's SWA teacher, one for all clusters: at round t_start − 1 a copy of the model
+            the code holds then (the global model; in runs with clusters, the cluster model of the last test
+            image by its own style, which the code's test loop leaves loaded), then from t_start the running
+            mean of the global model's parameters, its BatchNorm statistics staying those of the copy.
+        first_round_teacher: the pseudo-label teacher of round 0, when no cluster model exists yet: ``student``
+            (the student labels itself, as LADD's code does with clusters) or ``global`` (W^0, as LADD's code
+            does in runs without clusters).
+        test_routing: ``style``: every test image is scored by the cluster nearest its own style (the paper);
+            ``released``: as LADD's released test loop scores it (:mod:`~fedlight.strategies.ladd_released`),
+            and the round's metrics add that loop's "global" score, ``test/released_global/<metric>``, and how
+            often its routing agrees with the images' own clusters (``routing/released_agreement``, beside the
+            ``routing/chance_agreement`` of a random reassignment).
         routed_splits: evaluation splits scored by each image's style-routed cluster model.
         tolerate_stragglers: aggregate stragglers' partial work; ``null`` drops them.
         sampling: how the round's clients are drawn; ``null`` is ``uniform``, as in LADD.
@@ -122,6 +140,8 @@ class LADD(ClusteredFedAvg):
         reset_unsampled_clusters: bool = False,
         shared_pseudo_teacher: bool = False,
         swa_of_global: bool = False,
+        first_round_teacher: Literal["student", "global"] = "student",
+        test_routing: Literal["style", "released"] = "style",
         routed_splits: Sequence[Split] = ("test", "clients"),
         tolerate_stragglers: bool | None = None,
         sampling: Literal["proportional", "uniform"] | None = None,
@@ -136,6 +156,12 @@ class LADD(ClusteredFedAvg):
             problems.append(f"Expected {flag}.k_range = [m, n) with m < n, got {list(k_range)}.")
         if min(input_std) <= 0:
             problems.append(f"Expected {flag}.input_std > 0 per channel, got {list(input_std)}.")
+        if first_round_teacher not in ("student", "global"):
+            problems.append(
+                f"Expected {flag}.first_round_teacher to be 'student' or 'global', got {first_round_teacher!r}."
+            )
+        if test_routing not in ("style", "released"):
+            problems.append(f"Expected {flag}.test_routing to be 'style' or 'released', got {test_routing!r}.")
         if problems:
             raise ConfigError(*problems)
         # the clusters are found in on_fit_start; one placeholder cluster until then
@@ -153,12 +179,26 @@ class LADD(ClusteredFedAvg):
         self.swa_start = swa_start
         self.shared_pseudo_teacher = shared_pseudo_teacher
         self.swa_of_global = swa_of_global
+        self.first_round_teacher = first_round_teacher
+        self.test_routing = test_routing
         self.routed_splits = tuple(routed_splits) if clustering else ()
         self.teachers = Teachers()
         self.styles: torch.Tensor | None = None  # s̄_k, [K, D] float64
         self.centroids: torch.Tensor | None = None  # μ_c, [C, D] float64
         self.silhouettes: dict[int, float] = {}
         self._routes: dict[tuple, torch.Tensor] = {}  # evaluation batch fingerprint → [B] cluster
+        self._last_listed = 0  # the client the dataset lists last (shared_pseudo_teacher)
+        self._test_own: torch.Tensor | None = None  # [N] each test image's own-style cluster, dataset order
+        self._test_index: dict[str, int] = {}  # test image digest → dataset index (test_routing: released)
+
+    def check(self, module: nn.Module, datamodule: Any) -> list[str]:
+        if getattr(module, "kd_label_weights", False) and not getattr(datamodule.dataset, "train_labels", True):
+            return [
+                f"--model.init_args.kd_label_weights=true weighs each pixel's distillation term by its training "
+                f"label, but {type(datamodule.dataset).__name__}'s clients have no labels (LADD's code leaves the "
+                "term unweighted there). Set --model.init_args.kd_label_weights=false."
+            ]
+        return []
 
     # -- styles and clusters -----------------------------------------------------------------------------
     def raw_images(self, x: torch.Tensor) -> torch.Tensor:
@@ -184,7 +224,19 @@ class LADD(ClusteredFedAvg):
                 write_cluster_file(context.run_dir / "clusters.json", self.clusters, ids)
         if self.kd_teacher and "kd" not in self.teachers:
             self.teachers.set("kd", context.global_state)  # W^0: the pre-trained model (--trainer.init_from)
+        self._last_listed = released.last_listed_client(data)
+        if self.clustering and (self.test_routing == "released" or self.swa_of_global):
+            self._find_test_clusters(context)
         super().on_fit_start(context)
+
+    def _find_test_clusters(self, context: RunContext) -> None:
+        """Every test image's own-style cluster and digest, in dataset order, as the code's test client finds them."""
+        own, self._test_index = [], {}
+        for x, *_ in context.datamodule.test_batches():
+            own.append(route_to_cluster(self.image_styles(x).cpu(), self.centroids))
+            for digest in released.image_digests(x):
+                self._test_index.setdefault(digest, len(self._test_index))  # a repeated image keeps its first index
+        self._test_own = torch.cat(own)
 
     def _find_clusters(self, context: RunContext, ids: list[str]) -> None:
         data = context.datamodule
@@ -209,33 +261,53 @@ class LADD(ClusteredFedAvg):
         return max(self.clusters) + 1 if self.clustering else 0
 
     def route(self, context: RunContext, batch: Any, split: str) -> torch.Tensor:
-        """``[B]`` the cluster whose centroid μ_c is nearest to each image's own style (LADD, Sec. 4.2)."""
+        """``[B]`` the cluster whose centroid μ_c is nearest to each image's own style (LADD, Sec. 4.2); test images
+        under ``test_routing: released``, the cluster the code's test loop scores them by."""
         x = batch[0]
         sample = x[..., ::4, ::4].detach().float().cpu().contiguous().numpy()
         key = (split, tuple(x.shape), hashlib.blake2b(sample.tobytes(), digest_size=16).hexdigest())
         if key not in self._routes:
-            self._routes[key] = route_to_cluster(self.image_styles(x).cpu(), self.centroids)
+            if split == "test" and self.test_routing == "released":
+                if self._test_own is None:  # an evaluation without a fit (``fedlight test``) starts here
+                    self._find_test_clusters(context)
+                index = torch.tensor([self._test_index[d] for d in released.image_digests(x)])
+                self._routes[key] = self._released_routes()[index]
+            else:
+                self._routes[key] = route_to_cluster(self.image_styles(x).cpu(), self.centroids)
         return self._routes[key].to(x.device)
+
+    def _released_routes(self) -> torch.Tensor:
+        return released.released_routes(self._test_own, released.sampler_order(len(self._test_own)))
 
     # -- teachers ----------------------------------------------------------------------------------------
     def _teacher_cluster(self, client: int) -> int:
         if not self.clustering:
             return 0
-        if self.shared_pseudo_teacher:
-            return self.num_clusters() - 1
-        return self.clusters[client]
+        return self.clusters[self._last_listed if self.shared_pseudo_teacher else client]
 
-    def pseudo_teacher_name(self, cluster: int) -> str | None:
-        """The name of cluster ``cluster``'s current pseudo-label teacher in :attr:`teachers` (None: none yet)."""
-        for name in ("swa/global" if self.swa_of_global else f"swa/{cluster}", f"pseudo/{cluster}"):
-            if name in self.teachers:
-                return name
-        return None
+    def _swa_from(self) -> int | None:
+        """The first refresh round whose pseudo-label teacher is the SWA teacher (None: never)."""
+        if self.swa_start is None:
+            return None
+        return self.swa_start - 1 if self.swa_of_global else self.swa_start
+
+    def pseudo_teacher_name(self, cluster: int, round_idx: int) -> str | None:
+        """The name in :attr:`teachers` of cluster ``cluster``'s pseudo-label teacher in round ``round_idx`` (None: the
+        student labels itself): the one set at the last refresh, the last round r ≤ ``round_idx`` with r mod ω = 0."""
+        refresh = round_idx - round_idx % self.teacher_step
+        if refresh == 0 and self.first_round_teacher == "student":
+            return None  # round 0: no cluster model has been trained yet, the students label themselves
+        swa_from = self._swa_from()
+        if swa_from is not None and refresh >= swa_from:
+            return "swa/global" if self.swa_of_global else f"swa/{cluster}"
+        return f"pseudo/{cluster}"
 
     def on_round_start(self, context: RunContext, round_idx: int, plans: list[ClientPlan]) -> None:
         """Refreshes the pseudo-label teachers when r mod ω = 0: the cluster models, or their running mean."""
-        if round_idx == 0 or round_idx % self.teacher_step:
-            return  # round 0: no cluster model has been trained yet, the students label themselves
+        if self.swa_of_global and self.swa_start is not None and round_idx == self.swa_start - 1:
+            self._copy_for_swa(context, round_idx)
+        if round_idx % self.teacher_step or (round_idx == 0 and self.first_round_teacher == "student"):
+            return
         swa = self.swa_start is not None and round_idx >= self.swa_start
         if swa and self.swa_of_global:
             self._average_global(context)
@@ -247,19 +319,28 @@ class LADD(ClusteredFedAvg):
             else:
                 self.teachers.set(f"pseudo/{cluster}", member)
 
+    def _copy_for_swa(self, context: RunContext, round_idx: int) -> None:
+        """LADD's code's SWA teacher before its first average: a copy of the model the code holds at round
+        t_start − 1, whose buffers it keeps. After a round, the code's test loop has left there the cluster model
+        of the last test image (by its own style) in runs with clusters, the global model otherwise."""
+        held = context.global_state
+        if self.clustering and round_idx > 0:
+            held = context.bank.member(int(self._test_own[-1]))
+        self.teachers.set("swa/global", held)
+        self.teachers.counts["swa/global"] = 0  # the first average overwrites the parameters
+
     def _average_global(self, context: RunContext) -> None:
-        """LADD's code: the global model's parameters averaged into one teacher, its buffers as first set."""
+        """LADD's code: the global model's parameters averaged into one teacher, its buffers as copied."""
         new = context.global_state.detach().float().cpu()
-        if "swa/global" in self.teachers:
-            buffers = ~context.layout.parameter_mask(context.module)  # [P] BatchNorm statistics
-            new = torch.where(buffers, self.teachers.states["swa/global"], new)
+        buffers = ~context.layout.parameter_mask(context.module)  # [P] BatchNorm statistics
+        new = torch.where(buffers, self.teachers.states["swa/global"], new)
         self.teachers.average_in("swa/global", new)
 
     def client_teachers(self, context: RunContext, plan: ClientPlan) -> Mapping[str, nn.Module]:
         teachers: dict[str, nn.Module] = {}
         if "kd" in self.teachers:
             teachers["kd"] = self.teachers.module("kd", context.module, context.layout)
-        name = self.pseudo_teacher_name(self._teacher_cluster(plan.client))
+        name = self.pseudo_teacher_name(self._teacher_cluster(plan.client), context.round)
         if name is not None:
             teachers["pseudo"] = self.teachers.module(name, context.module, context.layout, role="pseudo")
         return teachers
@@ -268,9 +349,21 @@ class LADD(ClusteredFedAvg):
         metrics = {"clusters/k": float(self.num_clusters())}
         if self.clustering:
             metrics.update(super().on_round_end(context, round_idx, updates))
+        if self.clustering and self.test_routing == "released":
+            metrics.update(self._released_test_metrics(context))
         swa_counts = [n for name, n in self.teachers.counts.items() if name.startswith("swa/")]
         metrics["teachers/swa_states"] = float(max(swa_counts, default=0))
         return metrics
+
+    def _released_test_metrics(self, context: RunContext) -> dict[str, float]:
+        """The released test loop's "global" score of the new models, and how its routing meets the own clusters."""
+        own, order = self._test_own, released.sampler_order(len(self._test_own))
+        scores = released.score_test_set(context, released.released_global_members(own, order))
+        return {
+            **{f"test/released_global/{k}": v for k, v in scores.items()},
+            "routing/released_agreement": float((released.released_routes(own, order) == own).double().mean()),
+            "routing/chance_agreement": released.chance_agreement(own),
+        }
 
     # -- state -------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

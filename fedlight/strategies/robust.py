@@ -115,7 +115,7 @@ class RobustAggregation(RuleWrapper):
                     f"Bulyan with --strategy.init_args.f={f} needs at least 4f + 3 = {4 * f + 3} aggregated clients, "
                     f"got {k}. Raise --trainer.clients_per_round or lower f."
                 )
-            selected = R.bulyan_select(squared_distances(states), f)
+            selected = R.bulyan_select(squared_distances(states), f, rows_in_content_order(states))
             aggregate = states.rows(selected).apply(lambda chosen: R.bulyan_trimmed_mean(chosen, f))
         else:
             if k <= 2 * f + 2:
@@ -124,7 +124,7 @@ class RobustAggregation(RuleWrapper):
                     f"got {k}. Raise --trainer.clients_per_round or lower f."
                 )
             m = 1 if self.aggregator == "krum" else min(self.m or k - f, k)
-            selected = R.multi_krum_select(squared_distances(states), f, m)
+            selected = R.multi_krum_select(squared_distances(states), f, m, rows_in_content_order(states))
             chosen_weights = weights[selected.cpu()]
             aggregate = states.rows(selected).apply(
                 lambda chosen: R.weighted_mean(chosen, chosen_weights.to(chosen.dtype))
@@ -140,6 +140,12 @@ class RobustAggregation(RuleWrapper):
         if len(self._selected) > 1:  # a W&B histogram; a single id would be logged as a scalar
             metrics["robust/selected"] = torch.tensor(self._selected)
         return metrics
+
+
+def rows_in_content_order(states: StateChunks) -> R.TieBreak:
+    """Among tied rows, the state first in lexicographic order of its values, read block by block and only as far
+    as the first column that tells the tied states apart (:func:`~robust_functional.content_first`)."""
+    return lambda rows: int(rows[R.content_first(block for _, block in states.rows(rows))])
 
 
 def squared_distances(states: StateChunks) -> torch.Tensor:

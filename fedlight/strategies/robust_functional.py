@@ -11,17 +11,21 @@ updates Δ_k = θ_k − W^t with W^t added back.
 - Bulyan: El Mhamdi, Guerraoui & Rouault, *The Hidden Vulnerability of Distributed Learning in
   Byzantium*, ICML 2018 (Sec. 4).
 
-Distances are taken in fp64, exactly (no ``‖a‖² + ‖b‖² − 2ab`` expansion), and ties go to the lowest
-row, so the result depends only on the rows and their order. Krum and Bulyan are split into a selection from
-the ``[K, K]`` distances and a combination of the selected rows, so that both can run over column blocks of the
-states (squared distances add up over blocks; the combinations are coordinate-wise).
+Distances are taken in fp64, exactly (no ``‖a‖² + ‖b‖² − 2ab`` expansion). Equal Krum scores are broken by
+the states themselves: the state first in lexicographic order of its values wins (:func:`content_first`), so a
+selection, and the aggregate, do not depend on the order in which the clients arrive. Krum and Bulyan are split
+into a selection from the ``[K, K]`` distances and a combination of the selected rows, so that both can run over
+column blocks of the states (squared distances add up over blocks; the combinations are coordinate-wise).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
+
+#: Chooses one row among tied candidates (``[t]`` row indices, t ≥ 2) and returns its index.
+TieBreak = Callable[[torch.Tensor], int]
 
 
 def row_sum(rows: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -89,28 +93,91 @@ def squared_distances(states: torch.Tensor) -> torch.Tensor:
 def krum_scores(distances: torch.Tensor, f: int) -> torch.Tensor:
     """Krum's scores (Blanchard et al. 2017): s(i) = Σ_{j ∈ N_i} ‖V_i − V_j‖², N_i the K − f − 2 nearest others.
 
+    Never fewer than one neighbour (as Flower's Krum): over none every score would be 0, and the choice among
+    equal zeros would say nothing about the states. That happens in Bulyan's last picks, where fewer than f + 3
+    states remain.
+
     Args:
         distances: ``[K, K]`` squared distances (:func:`squared_distances`).
-        f: the number of Byzantine clients tolerated; K − f − 2 ≥ 0 neighbours are summed.
+        f: the number of Byzantine clients tolerated; max(1, K − f − 2) neighbours are summed (0 when K = 1).
 
     Returns:
         ``[K]`` fp64 scores; lower means more central.
 
-    Points 0, 1, 2, 10 on a line with f = 1 (one neighbour each): 1, 1, 1, 64.
+    Points 0, 1, 2, 10 on a line with f = 1 (one neighbour each): 1, 1, 1, 64; with f = 2 still one each.
 
     >>> points = torch.tensor([[0.0], [1.0], [2.0], [10.0]])
-    >>> krum_scores(squared_distances(points), f=1).tolist()
-    [1.0, 1.0, 1.0, 64.0]
+    >>> krum_scores(squared_distances(points), f=1).tolist(), krum_scores(squared_distances(points), f=2).tolist()
+    ([1.0, 1.0, 1.0, 64.0], [1.0, 1.0, 1.0, 64.0])
     """
     k = distances.shape[0]
-    neighbours = k - f - 2
-    assert neighbours >= 0, f"Krum needs K ≥ f + 2, got K = {k}, f = {f}"
+    assert k >= 1, "Krum scores of no state"
+    neighbours = min(max(1, k - f - 2), k - 1)
     others = distances.masked_fill(torch.eye(k, dtype=torch.bool, device=distances.device), float("inf"))
     return others.sort(dim=1).values[:, :neighbours].sum(dim=1)
 
 
-def multi_krum_select(distances: torch.Tensor, f: int, m: int = 1) -> torch.Tensor:
-    """The ``m`` rows with the lowest Krum scores, lowest first (ties: the lower row), from ``[K, K]`` distances.
+def content_first(blocks: Iterable[torch.Tensor]) -> int:
+    """The position of the row first in lexicographic order of its values, the rows given as ``[t, c]`` column
+    blocks from left to right (the first of identical rows).
+
+    Only the columns up to the first that tells the rows apart are compared, so rows that differ in their first
+    value cost one column.
+
+    >>> content_first([torch.tensor([[2.0, 1.0], [1.0, 9.0], [1.0, 3.0]])])
+    2
+    >>> content_first([torch.tensor([[1.0], [1.0]]), torch.tensor([[5.0], [4.0]])])  # told apart in the 2nd block
+    1
+    """
+    alive = None
+    for block in blocks:
+        alive = torch.arange(block.shape[0]) if alive is None else alive
+        rows, start = block[alive.to(block.device)], 0
+        while len(alive) > 1:
+            differs = (rows[:, start:] != rows[:1, start:]).any(dim=0)  # [c − start]
+            if not bool(differs.any()):
+                break
+            column = start + int(differs.nonzero()[0])
+            smallest = (rows[:, column] == rows[:, column].min()).cpu()
+            alive, rows, start = alive[smallest], rows[smallest.to(rows.device)], column + 1
+        if len(alive) == 1:
+            break
+    assert alive is not None, "content_first of no row"
+    return int(alive[0])
+
+
+def rows_in_content_order(states: torch.Tensor) -> TieBreak:
+    """A tie-break for :func:`multi_krum_select` and :func:`bulyan_select`: among tied rows of ``[K, P]``
+    ``states``, the one first in lexicographic order of its values (:func:`content_first`)."""
+    return lambda rows: int(rows[content_first([states[rows.to(states.device)]])])
+
+
+def ranked(scores: torch.Tensor, tie_break: TieBreak | None = None) -> torch.Tensor:
+    """``[K]`` row indices by increasing score; equal scores in the order ``tie_break`` picks them (repeatedly,
+    among the rows of the tie not yet placed), or lowest row first without one.
+
+    >>> ranked(torch.tensor([3.0, 1.0, 1.0, 0.0]), tie_break=lambda rows: int(rows.max())).tolist()
+    [3, 2, 1, 0]
+    """
+    order = scores.argsort(stable=True)
+    if tie_break is None:
+        return order
+    ordered, values, start = [], scores[order], 0
+    while start < len(order):
+        stop = start + int((values[start:] == values[start]).sum())  # the run of equal scores from start
+        tied = order[start:stop]
+        while len(tied) > 1:
+            first = tie_break(tied)
+            ordered.append(first)
+            tied = tied[tied != first]
+        ordered += tied.tolist()
+        start = stop
+    return torch.tensor(ordered, device=scores.device)
+
+
+def multi_krum_select(distances: torch.Tensor, f: int, m: int = 1, tie_break: TieBreak | None = None) -> torch.Tensor:
+    """The ``m`` rows with the lowest Krum scores, lowest first, from ``[K, K]`` distances; equal scores in the
+    order of ``tie_break`` (:func:`rows_in_content_order`), the lower row first without one.
 
     >>> multi_krum_select(squared_distances(torch.tensor([[0.0], [1.0], [2.0], [3.0], [10.0]])), f=1, m=3)
     tensor([1, 2, 0])
@@ -118,7 +185,7 @@ def multi_krum_select(distances: torch.Tensor, f: int, m: int = 1) -> torch.Tens
     k = distances.shape[0]
     assert k > 2 * f + 2, f"Krum needs K > 2f + 2, got K = {k}, f = {f}"
     assert 1 <= m <= k, f"Multi-Krum averages 1 ≤ m ≤ K states, got m = {m}, K = {k}"
-    return krum_scores(distances, f).argsort(stable=True)[:m]
+    return ranked(krum_scores(distances, f), tie_break)[:m]
 
 
 def weighted_mean(states: torch.Tensor, weights: torch.Tensor | Sequence[float] | None = None) -> torch.Tensor:
@@ -158,14 +225,16 @@ def multi_krum(
     >>> multi_krum(points, f=1, m=3)
     (tensor([1.]), tensor([1, 2, 0]))
     """
-    selected = multi_krum_select(squared_distances(states), f, m)
+    selected = multi_krum_select(squared_distances(states), f, m, rows_in_content_order(states))
     chosen_weights = None if weights is None else torch.as_tensor(weights, dtype=states.dtype)[selected]
     return weighted_mean(states[selected], chosen_weights), selected
 
 
-def bulyan_select(distances: torch.Tensor, f: int) -> torch.Tensor:
+def bulyan_select(distances: torch.Tensor, f: int, tie_break: TieBreak | None = None) -> torch.Tensor:
     """Bulyan's selection (El Mhamdi et al. 2018, Sec. 4): θ = K − 2f times, the Krum winner among the rows not
-    yet selected (scores recomputed on what remains). Returns the ``[θ]`` rows in order of selection.
+    yet selected (scores recomputed on what remains, over at least one neighbour: :func:`krum_scores`). Equal
+    scores go to ``tie_break``'s choice (:func:`rows_in_content_order`), the lower row without one. Returns the
+    ``[θ]`` rows in order of selection.
 
     >>> points = torch.tensor([[0.0], [1.0], [2.0], [3.0], [4.0], [5.0], [100.0]])
     >>> sorted(bulyan_select(squared_distances(points), f=1).tolist())
@@ -176,12 +245,18 @@ def bulyan_select(distances: torch.Tensor, f: int) -> torch.Tensor:
     remaining = torch.arange(k, device=distances.device)
     selected = []
     for _ in range(k - 2 * f):
-        # with f = 0 the last pick is alone, with no neighbour to score; any other pick has ≥ 0 of them
-        scores = krum_scores(distances[remaining][:, remaining], min(f, remaining.numel() - 2))
-        pick = int(scores.argmin())  # the first of equal scores
+        scores = krum_scores(distances[remaining][:, remaining], f)
+        best = (scores == scores.min()).nonzero().squeeze(1)  # positions in remaining of the lowest score
+        pick = int(best[0]) if tie_break is None or len(best) == 1 else _position(remaining, tie_break, best)
         selected.append(int(remaining[pick]))
         remaining = torch.cat([remaining[:pick], remaining[pick + 1 :]])
     return torch.tensor(selected, device=distances.device)
+
+
+def _position(remaining: torch.Tensor, tie_break: TieBreak, tied: torch.Tensor) -> int:
+    """``tie_break`` among ``tied`` positions of ``remaining``, as a position of ``remaining``."""
+    chosen = tie_break(remaining[tied])
+    return int((remaining == chosen).nonzero()[0])
 
 
 def bulyan_trimmed_mean(chosen: torch.Tensor, f: int) -> torch.Tensor:
@@ -220,5 +295,5 @@ def bulyan(states: torch.Tensor, f: int) -> tuple[torch.Tensor, torch.Tensor]:
     >>> aggregate.tolist(), sorted(selected.tolist())
     ([2.0], [0, 1, 2, 3, 4])
     """
-    selected = bulyan_select(squared_distances(states), f)
+    selected = bulyan_select(squared_distances(states), f, rows_in_content_order(states))
     return bulyan_trimmed_mean(states[selected], f), selected

@@ -204,3 +204,30 @@ def test_source_pretraining_client_uses_hard_negative_mining():
     assert client.training_step((x, y), 0)["loss"].item() == pytest.approx(expected.item(), rel=1e-6)
     lrs = [group["lr"] for group in client.configure_optimizers().param_groups]
     assert lrs == [5e-3]
+
+
+class _Fixed(torch.nn.Module):
+    """A stand-in network returning the same logits for any input."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.logits = torch.nn.Parameter(logits.clone())
+
+    def forward(self, x):
+        return self.logits.expand(len(x), *self.logits.shape[1:])
+
+
+def test_kd_label_weights_multiply_each_pixels_term_by_its_label_id():
+    # two pixels, two classes; the student is undecided, so ℓ = ½ log 2 at each (see kd_loss); the KD teacher is
+    # confident at both (softmax 0.993 > 0.9), so its mask keeps both. Labels 3 and 255 (void) weigh 3 and 255:
+    # L_KD = (3 + 255) / 2 · ½ log 2, where the paper's loss is ½ log 2.
+    client = _client(kd_label_weights=True)
+    client.net = _Fixed(torch.zeros(1, 2, 1, 2))
+    client.teachers = {"kd": _Fixed(torch.tensor([[[[5.0, 5.0]], [[0.0, 0.0]]]]))}
+    labels = torch.tensor([[[3, 255]]])
+    outputs = client.training_step((torch.zeros(1, 3, 1, 2), labels), 0)
+    assert outputs["loss_kd"].item() == pytest.approx(129 * 0.5 * np.log(2), rel=1e-6)
+    client.kd_label_weights = False
+    assert client.training_step((torch.zeros(1, 3, 1, 2), labels), 0)["loss_kd"].item() == pytest.approx(
+        0.5 * np.log(2), rel=1e-6
+    )

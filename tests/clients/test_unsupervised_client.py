@@ -85,3 +85,99 @@ def test_evaluation_assigns_each_pixel_to_the_most_cosine_similar_centroid(flip_
     assert torch.equal(out["clusters"], expected)
     assert torch.equal(out["linear"], probe)
     assert torch.equal(out["target"], labels)
+
+
+# -- dropout as STEGO's DinoFeaturizer applies it ------------------------------------------------------------
+# With ``dropout: true`` STEGO's featurizer returns code = L(drop(f)) + N(drop(f)) and hands the loss drop(f):
+# three independent Dropout2d masks over the same undropped features f. The statistics below run the client's
+# training step with a head set to identity on positive cached features, where the ratio code / f of a channel
+# reads which masks dropped it.
+
+P, C_FEAT, POOL = 0.1, 32, 64
+
+
+class PositiveFeatures:
+    """A stand-in feature cache: fixed positive features per pool image; image i's neighbour is i + 1."""
+
+    def __init__(self) -> None:
+        self.pool = torch.rand(POOL, C_FEAT, 4, 4, generator=torch.Generator().manual_seed(0)) + 0.5
+
+    def features(self, index, device="cpu"):
+        return self.pool[index.long()].to(device)
+
+    def sample_neighbours(self, index, num_neighbors=2, generator=None):
+        return (index.long() + 1) % POOL
+
+
+def identity_head_client(linear: bool, nonlinear: bool) -> UnsupervisedSegmentationClient:
+    """A client whose branch L and/or N is the identity (C = D = 32) and the other branch 0."""
+    client = make_client(backbone_kwargs={"embed_dim": C_FEAT}, dim=C_FEAT, dropout=P)
+    eye = torch.eye(C_FEAT).view(C_FEAT, C_FEAT, 1, 1)
+    with torch.no_grad():
+        for conv, on in (
+            (client.head.linear, linear),
+            (client.head.nonlinear[0], True),
+            (client.head.nonlinear[2], nonlinear),
+        ):
+            conv.weight.copy_(eye if on else torch.zeros_like(eye))
+            conv.bias.zero_()
+    client.attach_feature_cache(PositiveFeatures())
+    return client.train()
+
+
+def dropout_ratios(monkeypatch, client, steps: int = 10) -> dict[str, torch.Tensor]:
+    """Per channel and sample, ``code / f`` and ``loss features / f`` for the anchors and their neighbours over
+    ``steps`` training steps of a batch of 64: ``[steps · 64 · 32]`` values each."""
+    import fedlight.clients.unsupervised as unsupervised
+
+    seen = []
+    real = unsupervised.correspondence_loss
+
+    def spy(feats, codes, feats_knn, codes_knn, *args, **kwargs):
+        seen.append((feats, codes, feats_knn, codes_knn))
+        return real(feats, codes, feats_knn, codes_knn, *args, **kwargs)
+
+    monkeypatch.setattr(unsupervised, "correspondence_loss", spy)
+    pool, index = client.feature_cache.pool, torch.arange(POOL)
+    torch.manual_seed(0)
+    for _ in range(steps):
+        client.training_step((torch.zeros(POOL, 3, 32, 32), torch.zeros(POOL, 32, 32, dtype=torch.long), index), 0)
+    f, f_knn = pool[index], pool[(index + 1) % POOL]
+
+    def per_channel(anchor: int, neighbour: int) -> torch.Tensor:  # one value per channel and sample (Dropout2d)
+        ratios = [r for s in seen for r in (s[anchor].detach() / f, s[neighbour].detach() / f_knn)]
+        return torch.cat([r[..., 0, 0].reshape(-1) for r in ratios])
+
+    return {"code": per_channel(1, 3), "loss": per_channel(0, 2)}
+
+
+def test_each_branch_reads_the_undropped_features_with_its_own_mask(monkeypatch):
+    # 10 steps × (64 anchors + 64 neighbours) × 32 channels = 40,960 channel draws per branch. A share p = 0.1
+    # then has a binomial standard error of 0.0015; the tolerance 0.01 is 6.7 of them, while reading dropped
+    # features (a second mask in front of each branch) drops 1 − 0.9² = 19 % of the channels, 60 of them away.
+    scale = 1 / (1 - P)
+    for linear, nonlinear in ((True, False), (False, True)):
+        code = dropout_ratios(monkeypatch, identity_head_client(linear, nonlinear))["code"]
+        kept = code[code != 0]
+        torch.testing.assert_close(kept, torch.full_like(kept, scale))  # one 1/0.9, not 1/0.81
+        assert abs((code == 0).float().mean().item() - P) < 0.01
+    # both branches: each channel's code sums two independent masks, 0, 1/0.9 or 2/0.9 times f
+    code = dropout_ratios(monkeypatch, identity_head_client(True, True))["code"]
+    levels = torch.tensor([0.0, scale, 2 * scale])
+    nearest = (code[:, None] - levels).abs().argmin(dim=1)
+    torch.testing.assert_close(code, levels[nearest])
+    shares = torch.bincount(nearest, minlength=3).float() / len(code)
+    expected = torch.tensor([P * P, 2 * P * (1 - P), (1 - P) ** 2])  # 0.01, 0.18, 0.81
+    assert (shares - expected).abs().max().item() < 0.01, shares.tolist()
+
+
+def test_the_loss_reads_a_separately_dropped_copy(monkeypatch):
+    ratios = dropout_ratios(monkeypatch, identity_head_client(True, False))
+    code_dropped, loss_dropped = ratios["code"] == 0, ratios["loss"] == 0
+    kept = ratios["loss"][~loss_dropped]
+    torch.testing.assert_close(kept, torch.full_like(kept, 1 / (1 - P)))
+    assert abs(loss_dropped.float().mean().item() - P) < 0.01
+    # independence: among the ~4,100 channels the loss's mask dropped, the code's mask dropped a share P too
+    # (standard error 0.0047; tolerance 0.025), not all of them as when the head read the loss's copy
+    assert abs(code_dropped[loss_dropped].float().mean().item() - P) < 0.025
+    assert abs(code_dropped[~loss_dropped].float().mean().item() - P) < 0.01

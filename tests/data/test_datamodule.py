@@ -137,3 +137,27 @@ def test_the_data_name_their_classes_in_label_order() -> None:
     cities = FederatedDataModule(StyleCities(num_object_classes=2, num_clients_per_city=1, num_source_samples=4))
     assert cities.class_names == ("background", "aeroplane", "bicycle")
     assert FederatedDataModule(Digits()).class_names is None  # known by number only
+
+
+def test_a_fixed_order_is_the_one_a_distributed_sampler_replays_every_round() -> None:
+    from torch.utils.data.distributed import DistributedSampler
+
+    data = _datamodule(_scenes(), return_index=True, shuffle="fixed", drop_last=True)
+    for client in range(6):
+        indices = data.client_train[client]
+        # LADD's client loader: a shuffling DistributedSampler, one process, seed 0, its epoch never advanced
+        sampler = DistributedSampler(range(len(indices)), num_replicas=1, rank=0, shuffle=True, seed=0)
+        expected = indices[list(sampler)][: data.num_batches(client) * 4].tolist()
+        for round_seed in (3, 4):  # two rounds' client streams
+            seen = [
+                i
+                for _, _, index in data.train_batches(client, torch.Generator().manual_seed(round_seed))
+                for i in index.tolist()
+            ]
+            assert seen == expected
+    every_round = _datamodule(_scenes(), return_index=True)
+    orders = [
+        [i for _, _, index in every_round.train_batches(0, torch.Generator().manual_seed(s)) for i in index.tolist()]
+        for s in (3, 4)
+    ]
+    assert orders[0] != orders[1]

@@ -58,3 +58,48 @@ def test_a_client_contrasts_with_its_previous_branch_from_its_second_fit_on():
     expected = 0.25 + pixel_contrastive_loss(codes, positive, negative, 0.5)
     torch.testing.assert_close(strategy.training_loss(module, None, outputs), expected)
     assert set(strategy.state_dict()["previous"]) == {0}
+
+
+def test_the_released_moon_contrasts_with_the_received_branch_itself_and_has_no_gradient():
+    # FUSS's released code averages the previous local branch with the rest of the state, so its negative is
+    # N^t: every pixel's term is −log(e^a / (2e^a + 1e-8)) with a = cos(z, N^t(f))/τ, ≈ log 2, from the first fit
+    torch.manual_seed(0)
+    module = UnsupervisedSegmentationClient(
+        num_classes=2, input_shape=(3, 8, 8), backbone="conv_patch8", backbone_kwargs={"out_channels": 4}, dim=2
+    )
+    context = SimpleNamespace(
+        layout=FlatState(module, module.frozen_modules),
+        all_gather_objects=lambda obj: [obj],
+        strategy_rng=lambda t: None,
+    )
+    strategy = FedCCMOON(previous="averaged", mu=2.0)
+    strategy.on_round_start(context, 0, [])
+    strategy.on_client_fit_start(context, module, ClientPlan(0, 1))
+    feats = torch.randn(2, 4, 3, 3)
+    codes = module.head(feats)
+    loss = strategy.training_loss(module, None, {"loss": torch.tensor(0.25), "features": feats, "codes": codes})
+    with torch.no_grad():
+        a = F.cosine_similarity(codes, module.head.nonlinear(feats), dim=1) / 0.5
+        term = -(a - torch.log(2 * torch.exp(a) + 1e-8)).mean()
+    torch.testing.assert_close(loss, 0.25 + 2.0 * term)
+    assert abs(term.item() - torch.log(torch.tensor(2.0)).item()) < 1e-6
+    grads = torch.autograd.grad(loss, list(module.head.parameters()), allow_unused=True)
+    assert max(g.abs().max().item() for g in grads if g is not None) < 1e-7
+    strategy.on_client_fit_end(context, module, ClientUpdate(0, 8, 1, 1, 0.0))
+    assert strategy.state_dict()["previous"] == {}  # nothing of the client's own is kept
+
+
+def test_the_papers_moon_has_a_gradient_where_the_released_one_has_none():
+    torch.manual_seed(0)
+    module = UnsupervisedSegmentationClient(
+        num_classes=2, input_shape=(3, 8, 8), backbone="conv_patch8", backbone_kwargs={"out_channels": 4}, dim=2
+    )
+    context = SimpleNamespace(layout=FlatState(module, module.frozen_modules))
+    strategy = FedCCMOON()
+    branch = module.head.nonlinear
+    strategy.previous[0] = FlatState(branch).flatten(branch) + 0.5  # a previous N unlike the received one
+    strategy.on_client_fit_start(context, module, ClientPlan(0, 1))
+    feats = torch.randn(2, 4, 3, 3)
+    outputs = {"loss": torch.tensor(0.0), "features": feats, "codes": module.head(feats)}
+    grads = torch.autograd.grad(strategy.training_loss(module, None, outputs), list(module.head.parameters()))
+    assert max(g.abs().max().item() for g in grads) > 1e-3

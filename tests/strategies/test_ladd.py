@@ -6,9 +6,10 @@ import json
 import numpy as np
 import pytest
 import torch
+from ladd_run import CITY_KW, SIZE, Recording, fit, ladd, make_data, make_model  # noqa: F401
 
 from fedlight import checkpoint as ckpt_io
-from fedlight.clients import SelfTrainingClient, SourcePretrainingClient
+from fedlight.clients import SourcePretrainingClient
 from fedlight.data import FederatedDataModule
 from fedlight.data.style.fda import client_style, extract_style
 from fedlight.data.style.style_augment import StyleAugment
@@ -19,58 +20,6 @@ from fedlight.state import FlatState
 from fedlight.strategies import LADD, FedAvg
 from fedlight.strategies.clustering import select_style_clusters
 from fedlight.testing import Kill, KillAfterRound
-
-SIZE = 32
-CITY_KW = dict(num_clients_per_city=2, client_size=(4, 6), num_test_per_city=3, image_size=SIZE, num_object_classes=2)
-
-
-def make_data(**kwargs):
-    return FederatedDataModule(
-        StyleCities(**CITY_KW, **kwargs), batch_size=2, test_fraction=0.0, drop_last=True, eval_batch_size=5
-    )
-
-
-def make_model():
-    torch.manual_seed(0)
-    return SelfTrainingClient(num_classes=3, input_shape=(3, SIZE, SIZE), model="mini_deeplab", lambda_kd=1.0)
-
-
-def ladd(cls=LADD, **kwargs):
-    options = dict(k_range=(2, 4), n_init=2, fda_size=(SIZE, SIZE), cluster_layers="bn")
-    return cls(**(options | kwargs))
-
-
-def fit(tmp_path, strategy, rounds=3, callbacks=None, ckpt_path=None, **trainer_kwargs):
-    trainer = FederatedTrainer(
-        rounds=rounds, clients_per_round=3, local_epochs=1, logger="csv", enable_progress_bar=False,
-        default_root_dir=tmp_path, callbacks=callbacks, checkpoint_every=1, **trainer_kwargs,
-    )  # fmt: skip
-    model = make_model()
-    trainer.fit(model, make_data(), strategy, ckpt_path=ckpt_path)
-    return trainer, model
-
-
-class Recording(LADD):
-    """Keeps each cluster's model when a round starts and the teachers each client was handed."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.members, self.globals, self.handed, self.initial = {}, {}, {}, None
-
-    def on_fit_start(self, context):
-        self.initial = context.global_state.clone()
-        super().on_fit_start(context)
-
-    def on_round_start(self, context, round_idx, plans):
-        self.members[round_idx] = [context.bank.member(c).clone() for c in range(context.bank.num_clusters)]
-        self.globals[round_idx] = context.global_state.clone()
-        self.handed[round_idx] = {}
-        super().on_round_start(context, round_idx, plans)
-
-    def on_client_fit_start(self, context, module, plan):
-        self.handed[context.round][plan.client] = {
-            role: context.layout.flatten(teacher).clone() for role, teacher in module.teachers.items()
-        }
 
 
 def raw_client_styles():
@@ -132,21 +81,6 @@ def test_swa_teacher_after_n_refreshes_is_the_mean_of_the_cluster_models(tmp_pat
         assert torch.equal(strategy.teachers.states[f"pseudo/{cluster}"], strategy.members[1][cluster])
     for client, teachers in strategy.handed[4].items():
         assert torch.equal(teachers["pseudo"], strategy.teachers.states[f"swa/{strategy.clusters[client]}"])
-
-
-def test_code_quirks_one_shared_teacher_and_a_global_swa_with_frozen_statistics(tmp_path):
-    strategy = ladd(Recording, teacher_step=1, swa_start=2, shared_pseudo_teacher=True, swa_of_global=True)
-    trainer, model = fit(tmp_path, strategy, rounds=4)
-    last = len(strategy.members[0]) - 1
-    for teachers in strategy.handed[1].values():
-        assert torch.equal(teachers["pseudo"], strategy.members[1][last])  # every client: the last cluster's
-    globals_at = strategy.globals
-    buffers = ~trainer.layout.parameter_mask(model)
-    swa = strategy.teachers.states["swa/global"]
-    torch.testing.assert_close(swa[~buffers], (globals_at[2][~buffers] + globals_at[3][~buffers]) / 2)
-    assert torch.equal(swa[buffers], globals_at[2][buffers])
-    for teachers in strategy.handed[3].values():
-        assert torch.equal(teachers["pseudo"], swa)
 
 
 def test_routed_metrics_score_each_test_image_with_the_cluster_nearest_its_style(tmp_path):

@@ -85,9 +85,11 @@ def test_bulyan_ignores_outliers_and_trims_around_the_median():
     states = torch.cat([honest, torch.tensor([[100.0, 100.0]])])
     aggregate, selected = bulyan(states, f=1)
     assert 6 not in selected.tolist() and len(selected) == 5
-    # the first selection is the Krum winner: rows 2 and 3 tie with the lowest score, row 2 comes first
+    # the first selection is the Krum winner: rows 2 and 3 tie with the lowest score, and row 2 comes first in
+    # content order (its first coordinate is smaller)
     assert selected[0].item() == 2
-    # picks by hand: 2, 3, 1, 4; then rows 0, 5, 6 remain and Krum has no neighbour to score: the lowest row wins
+    # picks by hand: 2, 3, 1, 4; then rows 0, 5, 6 remain, each scored over its one nearest neighbour: 0 and 5
+    # tie at 2·5² = 50 and row 0 comes first in content order
     assert selected.tolist() == [2, 3, 1, 4, 0]
     torch.testing.assert_close(aggregate, torch.tensor([2.0, -2.0]))
 
@@ -95,3 +97,24 @@ def test_bulyan_ignores_outliers_and_trims_around_the_median():
 def test_bulyan_refuses_too_few_clients():
     with pytest.raises(AssertionError, match="4f"):
         bulyan(STATES, f=1)
+
+
+def test_bulyan_scores_every_pick_over_at_least_one_neighbour():
+    # K = 7, f = 1: θ = 5 picks. The last pick is among 3 rows, where K − f − 2 = 0 neighbours would give every
+    # row a score of 0; with one neighbour (as Flower takes at least one) the outlier scores 94² and is never picked.
+    # Picks by hand (scores over 4, 3, 2, 1, 1 neighbours; ties to the row first in content order):
+    #   3 (10, tied with 4), 4 (9), 2 (10, tied with 5), 5 (1, tied with 6), 1 (25, tied with 6);
+    # the selected values 1..5 have median 3, and β = 3 values around it average to 3.
+    for values in ([100.0, 1, 2, 3, 4, 5, 6], [1.0, 2, 3, 4, 5, 6, 100]):
+        states = torch.tensor(values).view(7, 1)
+        aggregate, selected = bulyan(states, f=1)
+        assert sorted(states[selected].flatten().tolist()) == [1.0, 2.0, 3.0, 4.0, 5.0]
+        assert aggregate.item() == 3.0
+
+
+def test_krum_ties_go_to_the_state_first_in_content_order():
+    # rows 0 and 1 are mirror images around row 2's neighbourhood: equal scores, whichever comes first
+    states = torch.tensor([[4.0, 0.0], [0.0, 0.0], [2.0, 0.0], [2.0, 9.0], [2.0, -9.0]])
+    for order in ([0, 1, 2, 3, 4], [1, 0, 2, 3, 4], [4, 3, 2, 1, 0]):
+        _, selected = multi_krum(states[order], f=1, m=2)
+        assert states[order][selected].tolist() == [[2.0, 0.0], [0.0, 0.0]]

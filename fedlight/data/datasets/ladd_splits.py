@@ -339,6 +339,7 @@ class CrossCity(_SplitDataset):
 
     name, images_dir, labels_dir, split_dir = "crosscity", "cities", "cities", "by_city_cpc0_ms27_me10"
     mapping, class_names = CROSSCITY_13, CROSSCITY_13_CLASSES
+    train_labels = False  # the split files list no label map for a training image
 
     def __init__(
         self, root: str, size: tuple[int, int] = (1024, 2048), test_size: tuple[int, int] | None = None,
