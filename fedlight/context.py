@@ -16,6 +16,7 @@ this is a sign that the work belongs in the engine.
 ``precision``             Fabric's precision plugin (``convert_input``, ``forward_context``)
 ``rank``, ``world_size``  this process and the number of processes; ``device``
 ``round_rng``, …          the derived random streams (``strategy_rng``, ``client_seed``)
+``due(t, every)``         whether work done every ``every`` rounds is due after round t (and after the last)
 ``map_clients(fn, ks)``   runs ``fn(k)`` for this process's share of ``ks``; every process gets all results
 ``local_train(...)``      the engine's own local training loop, for warm-ups outside the rounds
 ``all_reduce``            sums a tensor over processes
@@ -55,6 +56,10 @@ class RunContext:
         self._engine = engine
 
     # -- the run ---------------------------------------------------------------------------------------
+    def due(self, round_idx: int, every: int) -> bool:
+        """Whether work done every ``every`` rounds (0: only after the last) is due after round ``round_idx``."""
+        return due(round_idx, every, self.rounds)
+
     @property
     def rounds(self) -> int:
         return self._engine.rounds
@@ -206,3 +211,13 @@ def all_gather_objects(obj: Any, world_size: int) -> list[Any]:
     gathered: list[Any] = [None] * world_size
     torch.distributed.all_gather_object(gathered, obj)
     return gathered
+
+
+def due(round_idx: int, every: int, rounds: int) -> bool:
+    """Whether work done every ``every`` rounds (0: only after the last) is due after round ``round_idx`` (from 0)
+    of ``rounds``: after rounds ``every``, ``2·every``, … counted from 1, and always after the last.
+
+    >>> [r for r in range(7) if due(r, 3, 7)], [r for r in range(7) if due(r, 0, 7)]
+    ([2, 5, 6], [6])
+    """
+    return (every > 0 and (round_idx + 1) % every == 0) or round_idx == rounds - 1

@@ -77,3 +77,25 @@ def test_a_running_mean_teacher_averages_parameters_and_batchnorm_statistics():
     torch.testing.assert_close(layout.flatten(teacher), mean)
     assert teacher is not net and not teacher.training
     assert teacher[1].running_var.tolist() == pytest.approx(mean[-2:].tolist())
+
+
+def test_a_running_mean_teacher_after_n_states_is_their_arithmetic_mean_and_leaves_them_alone():
+    generator = torch.Generator().manual_seed(4)
+    states = [torch.randn(6, generator=generator) for _ in range(5)]
+    originals = [state.clone() for state in states]
+    teachers = Teachers()
+    for n, state in enumerate(states):
+        teachers.average_in("swa", state)
+        torch.testing.assert_close(teachers.states["swa"], torch.stack(states[: n + 1]).mean(0))
+        assert teachers.counts["swa"] == n + 1
+    for state, original in zip(states, originals, strict=True):
+        assert torch.equal(state, original)
+
+
+def test_the_first_state_averaged_in_is_kept_exactly():
+    teachers = Teachers()
+    teachers.set("swa", torch.tensor([1e8, -5.0, 0.0]))
+    teachers.counts["swa"] = 0  # as if reset: the next state overwrites
+    new = torch.tensor([0.1, 1e-8, 3.3])
+    teachers.average_in("swa", new)
+    assert torch.equal(teachers.states["swa"], new)

@@ -55,7 +55,7 @@ class AggregateMeanMargin(RoundCallback):
 
     def on_round_end(self, context: RunContext, round_idx: int, metrics: dict[str, Any]) -> None:
         """Adds the AMM of W^{t+1} to the round's metrics when the round is due."""
-        if (round_idx + 1) % self.every_n_rounds and round_idx != context.rounds - 1:
+        if not context.due(round_idx, self.every_n_rounds):
             return
         sums, counts = _pooled_class_sums(context)
         p_agg = prototypes_from_sums(sums, counts)  # [C, D]

@@ -81,9 +81,7 @@ class EntropyMaps(RoundCallback):
 
     def on_round_end(self, context: RunContext, round_idx: int, metrics: dict[str, Any]) -> None:
         """Draws the maps of W^{t+1} when the round is due (every rank computes; rank 0 writes)."""
-        last = round_idx == context.rounds - 1
-        due = self.every_n_rounds > 0 and (round_idx + 1) % self.every_n_rounds == 0
-        if not (due or last):
+        if not context.due(round_idx, self.every_n_rounds):
             return
         x, y = _spread_test_images(context, self.num_images)
         maps = entropy_maps(context, x)

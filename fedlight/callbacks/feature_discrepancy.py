@@ -138,7 +138,7 @@ class FeatureDiscrepancy(RoundCallback):
 
     def on_round_end(self, context: RunContext, round_idx: int, metrics: dict[str, Any]) -> None:
         """Adds the mean MMD² over the round's sampled clients when the round is due."""
-        if (round_idx + 1) % self.every_n_rounds and round_idx != context.rounds - 1:
+        if not context.due(round_idx, self.every_n_rounds):
             return
         assert self.reference_module is not None, "on_fit_start did not load the reference model"
         clients = [plan.client for plan in context.plans]  # K^t, dropped stragglers included

@@ -86,7 +86,7 @@ class GradientDissimilarity(RoundCallback):
     def on_round_start(self, context: RunContext, round_idx: int) -> None:
         """Measures the dissimilarity at W^t when the round is due."""
         self._measured = None
-        if (round_idx + 1) % self.every_n_rounds and round_idx != context.rounds - 1:
+        if not context.due(round_idx, self.every_n_rounds):
             return
         self._measured = (round_idx, gradient_dissimilarity(context).item())
 

@@ -8,8 +8,8 @@ A LADD client has no labels. Its loss is L = L_pseudo + λ_KD·L_KD:
   class in the same image (the thresholds of LADD's code), the rule LADD takes from FDA (Yang & Soatto, CVPR 2020);
 - **knowledge distillation** (:func:`kd_loss`) from the fixed pre-trained model, with soft targets at
   temperature 2 (Hinton et al., 2015), on the pixels whose pre-trained label survives the same rule;
-- **SWA teacher** (:func:`swa_update`): the cluster teachers become running means of the cluster models,
-  w_g ← (w_g·n + w_c) / (n + 1) (Sec. 4.3 of the LADD paper, after Izmailov et al., 2018).
+- **SWA teacher** (:meth:`fedlight.teachers.Teachers.average_in`): the cluster teachers become running means
+  of the cluster models, w_g ← (w_g·n + w_c) / (n + 1) (Sec. 4.3 of the LADD paper, after Izmailov et al., 2018).
 
 LADD's code pre-trains the server's model on the labelled source domain with
 :func:`hard_negative_mining_ce`, the mean of the hardest 25 % of pixel losses of each image.
@@ -30,8 +30,7 @@ the federated run (``--trainer.init_from``) key for key.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -40,8 +39,6 @@ from fedlight.clients.base import OptimizerCallable
 from fedlight.clients.segmentation import SegmentationClient
 from fedlight.data.labels import IGNORE_INDEX
 from fedlight.errors import ConfigError
-
-State = TypeVar("State", torch.Tensor, Mapping[str, torch.Tensor])
 
 
 def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -197,34 +194,6 @@ def hard_negative_mining_ce(
     pixel_loss = F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="none").flatten(1)  # [B, N]
     k = max(1, int(ratio * pixel_loss.shape[1]))
     return pixel_loss.topk(k, dim=1).values.mean(dim=1).mean()
-
-
-def swa_update(average: State, new: State, n: int) -> State:
-    """One step of a running mean: (w·n + w_new) / (n + 1), LADD's SWA teacher (Sec. 4.3).
-
-    The first update (n = 0) returns ``new``; after updates with n = 0, 1, …, N−1 the result is the
-    arithmetic mean of the N states. State dicts are averaged key by key; integer entries (BatchNorm's
-    ``num_batches_tracked``) take the newest value.
-
-    Args:
-        average: the current average, a tensor or a state dict.
-        new: the state to add, of the same structure.
-        n: how many states ``average`` already holds.
-
-    Returns:
-        A new average; the inputs are not modified.
-
-    >>> avg = swa_update(torch.tensor([9.0]), torch.tensor([1.0]), n=0)
-    >>> swa_update(swa_update(avg, torch.tensor([2.0]), n=1), torch.tensor([6.0]), n=2)
-    tensor([3.])
-    """
-    assert n >= 0, f"n counts the states already averaged, got {n}"
-    if isinstance(average, Mapping):
-        assert average.keys() == new.keys(), f"states differ in keys: {set(average) ^ set(new)}"
-        return {key: swa_update(average[key], new[key], n) for key in average}
-    if n == 0 or not average.is_floating_point():
-        return new.detach().clone()
-    return torch.lerp(average, new.to(average.dtype), 1.0 / (n + 1))  # a = 1/(n+1)
 
 
 def _ladd_target_sgd(params) -> torch.optim.Optimizer:

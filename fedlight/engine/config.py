@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from fedlight.context import due
+
 Precision = Literal["32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true"]
 LoggerName = Literal["csv", "wandb"]
 StartMethod = Literal["popen", "fork"]
@@ -58,7 +60,7 @@ class RoundSettings:
 
     def evaluates_after(self, round_idx: int) -> bool:
         """Whether round ``round_idx`` (from 0) ends with an evaluation: every ``eval_every`` rounds and the last."""
-        return (round_idx + 1) % self.eval_every == 0 or round_idx == self.rounds - 1
+        return due(round_idx, self.eval_every, self.rounds)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ from typing import Any, TextIO, TypeVar
 
 from tqdm.auto import tqdm
 
+from fedlight.context import due
+
 T = TypeVar("T")
 
 #: Metrics shown in round lines and the summary, in this order, when the run has them. A rule that routes samples to
@@ -111,7 +113,7 @@ class RunConsole:
         if self._bar is not None:
             self._bar.set_postfix_str(format_metrics(metrics, SHOWN_ON_BAR))
             self._bar.update(1)
-        elif (round_idx + 1) % self._every == 0 or round_idx == rounds - 1:
+        elif due(round_idx, self._every, rounds):
             seconds = metrics.get("round/time_s", math.nan)
             self.print(f"round {round_idx + 1}/{rounds}  {format_metrics(metrics)}  {seconds:.1f} s")
 

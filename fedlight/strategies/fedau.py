@@ -28,6 +28,7 @@ import torch
 
 from fedlight.errors import ConfigError
 from fedlight.strategies.base import ClientUpdate, Strategy
+from fedlight.strategies.functional import parameter_step
 
 if TYPE_CHECKING:
     from fedlight.context import RunContext
@@ -89,8 +90,7 @@ class FedAU(Strategy):
         """W^t + η_g (Σ ω_n / N)(A − W^t) on parameters; A on buffers."""
         assert self._is_parameter is not None, "FedAU.server_update ran before on_fit_start"
         scale = self.server_lr * sum(u.weights[0] for u in updates) / len(self.interval_sum)
-        stepped = global_state + scale * (aggregate - global_state)
-        return torch.where(self._is_parameter, stepped, aggregate)
+        return parameter_step(global_state, aggregate, scale, self._is_parameter)
 
     def on_round_end(self, context: RunContext, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
         """Records this round's intervals, after the weights were used."""

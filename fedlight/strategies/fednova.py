@@ -27,7 +27,7 @@ import torch
 from fedlight.errors import ConfigError
 from fedlight.strategies.base import ClientUpdate
 from fedlight.strategies.fedprox import FedProx
-from fedlight.strategies.functional import fednova_normalizer
+from fedlight.strategies.functional import fednova_normalizer, parameter_step
 
 if TYPE_CHECKING:
     from lightning import LightningModule
@@ -99,5 +99,4 @@ class FedNova(FedProx):
         work = "steps" if self.mu > 0 else "normalizer"  # the official τ_eff with a proximal term counts steps
         local = torch.tensor([float(u.payload[work]) for u in updates], dtype=torch.float64)
         tau_eff = float((sizes / sizes.sum()) @ local)
-        stepped = global_state + tau_eff * (aggregate - global_state)
-        return torch.where(self._is_parameter, stepped, aggregate)
+        return parameter_step(global_state, aggregate, tau_eff, self._is_parameter)

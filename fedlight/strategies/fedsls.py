@@ -35,6 +35,7 @@ import torch
 from fedlight.errors import ConfigError
 from fedlight.metrics.functional.saliency import layer_weights, saliency_norms
 from fedlight.strategies.base import ClientUpdate, Strategy
+from fedlight.strategies.functional import parameter_step
 
 if TYPE_CHECKING:
     from lightning import LightningModule
@@ -164,8 +165,7 @@ class FedSLS(Strategy):
         if self.server_lr == 1.0:
             return aggregate
         assert self._is_parameter is not None, f"{type(self).__name__}.server_update ran before on_fit_start"
-        stepped = global_state + self.server_lr * (aggregate - global_state)
-        return torch.where(self._is_parameter, stepped, aggregate)
+        return parameter_step(global_state, aggregate, self.server_lr, self._is_parameter)
 
     def on_round_end(self, context: RunContext, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
         """The weights applied this round, R_k / Σ R_k, against FedAvg's n_k / Σ n_k."""

@@ -90,6 +90,21 @@ def straggler_plan(
     return mask, epochs
 
 
+def parameter_step(
+    global_state: torch.Tensor, aggregate: torch.Tensor, scale: float, is_parameter: torch.Tensor
+) -> torch.Tensor:
+    """The server step W^t + scale·(A − W^t) on parameters, and the aggregate A itself on buffers.
+
+    A rule with a server learning rate (FedSLS's η, FedAU's η_g Σω/N, FedNova's τ_eff) steps the parameters
+    from W^t towards the clients' aggregate; BatchNorm statistics are no parameters and take the aggregate.
+
+    >>> w, a = torch.tensor([1.0, 1.0]), torch.tensor([3.0, 5.0])
+    >>> parameter_step(w, a, 0.5, torch.tensor([True, False]))
+    tensor([2., 5.])
+    """
+    return torch.where(is_parameter, global_state + scale * (aggregate - global_state), aggregate)
+
+
 def server_momentum(
     global_state: torch.Tensor,
     aggregate: torch.Tensor,

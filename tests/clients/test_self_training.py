@@ -7,7 +7,6 @@ from fedlight.clients.self_training import (
     kd_loss,
     pseudo_label_mask,
     self_training_loss,
-    swa_update,
 )
 
 #: two 2×4 images as (class, max probability) per pixel, and the labels LADD's rule keeps, worked by hand
@@ -125,27 +124,6 @@ def test_hard_negative_mining_by_hand():
     assert hard_negative_mining_ce(logits, labels, ratio=0.5).item() == pytest.approx(expected, rel=1e-6)
     expected_top1 = (image0[0] + image1[0]) / 2  # LADD's 25 % of 4 pixels: the hardest one
     assert hard_negative_mining_ce(logits, labels).item() == pytest.approx(expected_top1, rel=1e-6)
-
-
-def test_swa_after_n_updates_is_the_arithmetic_mean_of_the_states():
-    generator = torch.Generator().manual_seed(4)
-    states = [
-        {"weight": torch.randn(3, 2, generator=generator), "num_batches_tracked": torch.tensor(10 * (i + 1))}
-        for i in range(5)
-    ]
-    originals = [{key: value.clone() for key, value in state.items()} for state in states]
-    average = {"weight": torch.full((3, 2), 99.0), "num_batches_tracked": torch.tensor(0)}  # overwritten at n = 0
-    for n, state in enumerate(states):
-        average = swa_update(average, state, n)
-        torch.testing.assert_close(average["weight"], torch.stack([s["weight"] for s in states[: n + 1]]).mean(0))
-    assert average["num_batches_tracked"].item() == 50  # counters take the newest value
-    for state, original in zip(states, originals, strict=True):
-        torch.testing.assert_close(state, original)  # the inputs are left alone
-
-
-def test_swa_first_update_overwrites_exactly():
-    new = torch.tensor([0.1, 1e-8, 3.3])
-    assert torch.equal(swa_update(torch.tensor([1e8, -5.0, 0.0]), new, 0), new)
 
 
 # -- the client modules ----------------------------------------------------------------------------------
