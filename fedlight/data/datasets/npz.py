@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
-from fedlight.data.partition.natural import Natural
 from fedlight.errors import ConfigError
 
 
@@ -62,7 +61,7 @@ class NpzDataset(FederatedDataset):
 
     def partition_problems(self, partitioner: Any) -> list[str]:
         """``[problem]`` when the file's client ids would be left unused by ``partitioner``."""
-        if not self.has_groups or isinstance(partitioner, Natural):
+        if not self.has_groups or partitioner.uses_groups:
             return []
         return [
             f"--data.dataset.init_args.path={self.path} holds each sample's client id (groups), but "

@@ -18,18 +18,26 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
+from typing import ClassVar
 
 import numpy as np
+
+from fedlight.errors import ConfigError
+
+FLAG = "--data.partitioner.init_args"
 
 
 class Partitioner(ABC):
     """Splits a labelled pool into per-client index sets.
 
-    Subclasses implement :meth:`__call__`; their constructors hold the protocol's knobs, typed and
-    documented so that YAML and ``--help`` can set them under ``--data.partitioner.init_args``.
+    Subclasses implement :meth:`split`; their constructors hold the protocol's knobs, typed and documented so
+    that YAML and ``--help`` can set them under ``--data.partitioner.init_args``. A partitioner that follows the
+    samples' natural client ids sets :attr:`uses_groups`; the others never see them.
     """
 
-    @abstractmethod
+    #: whether the partition follows the samples' natural client ids (``groups``)
+    uses_groups: ClassVar[bool] = False
+
     def __call__(
         self,
         targets: np.ndarray,
@@ -48,6 +56,28 @@ class Partitioner(ABC):
         Returns:
             One sorted ``int64`` array of pool indices per client; the arrays are disjoint.
         """
+        return self.split(targets, num_classes, rng, groups if self.uses_groups else None)
+
+    @abstractmethod
+    def split(
+        self, targets: np.ndarray, num_classes: int, rng: np.random.Generator, groups: np.ndarray | None
+    ) -> list[np.ndarray]:
+        """The partition of :meth:`__call__`; ``groups`` is ``None`` unless :attr:`uses_groups`."""
+
+
+def check_settings(problems: list[str], **minimums: tuple[float, float]) -> None:
+    """Raises one :class:`ConfigError` with ``problems`` and every setting below its minimum
+    (``name=(value, minimum)``), or returns when there are none.
+
+    >>> check_settings([], num_clients=(10, 1))
+    >>> check_settings(["Expected alpha > 0, got 0."], num_clients=(0, 1))
+    Traceback (most recent call last):
+    fedlight.errors.ConfigError: Expected --data.partitioner.init_args.num_clients >= 1, got 0.
+    Expected alpha > 0, got 0.
+    """
+    below = [f"Expected {FLAG}.{name} >= {low}, got {value}." for name, (value, low) in minimums.items() if value < low]
+    if below or problems:
+        raise ConfigError(*below, *problems)
 
 
 def sorted_indices(parts: Iterable[Iterable[int] | np.ndarray]) -> list[np.ndarray]:

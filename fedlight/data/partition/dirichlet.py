@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedlight.data.partition.base import Partitioner, sorted_indices
+from fedlight.data.partition.base import FLAG, Partitioner, check_settings, sorted_indices
 from fedlight.errors import ConfigError
 
 _MAX_DRAWS_PER_BATCH = 256
@@ -38,32 +38,17 @@ class Dirichlet(Partitioner):
         max_retries: int = 1000,
     ) -> None:
         problems = []
-        if num_clients < 1:
-            problems.append(f"Expected --data.partitioner.init_args.num_clients >= 1, got {num_clients}.")
         if not alpha > 0:
-            problems.append(
-                f"Expected --data.partitioner.init_args.alpha > 0, got {alpha}. "
-                "Lower alpha means more heterogeneous clients."
-            )
-        if min_size < 0:
-            problems.append(f"Expected --data.partitioner.init_args.min_size >= 0, got {min_size}.")
-        if max_retries < 1:
-            problems.append(f"Expected --data.partitioner.init_args.max_retries >= 1, got {max_retries}.")
-        if problems:
-            raise ConfigError(*problems)
+            problems.append(f"Expected {FLAG}.alpha > 0, got {alpha}. Lower alpha means more heterogeneous clients.")
+        check_settings(problems, num_clients=(num_clients, 1), min_size=(min_size, 0), max_retries=(max_retries, 1))
         self.num_clients = num_clients
         self.alpha = alpha
         self.min_size = min_size
         self.max_retries = max_retries
 
-    def __call__(
-        self,
-        targets: np.ndarray,
-        num_classes: int,
-        rng: np.random.Generator,
-        groups: np.ndarray | None = None,
+    def split(
+        self, targets: np.ndarray, num_classes: int, rng: np.random.Generator, groups: np.ndarray | None
     ) -> list[np.ndarray]:
-        """See :meth:`Partitioner.__call__`; ``groups`` is ignored."""
         num_samples = len(targets)
         if self.min_size * self.num_clients > num_samples:
             raise ConfigError(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedlight.data.partition.base import Partitioner, sorted_indices
+from fedlight.data.partition.base import FLAG, Partitioner, check_settings, sorted_indices
 from fedlight.errors import ConfigError
 
 
@@ -27,32 +27,18 @@ class DirichletPowerLaw(Partitioner):
 
     def __init__(self, num_clients: int = 100, alpha: float = 1.0, gamma: float = 3.0) -> None:
         problems = []
-        if num_clients < 1:
-            problems.append(f"Expected --data.partitioner.init_args.num_clients >= 1, got {num_clients}.")
         if not alpha > 0:
-            problems.append(
-                f"Expected --data.partitioner.init_args.alpha > 0, got {alpha}. "
-                "Lower alpha means more heterogeneous clients."
-            )
+            problems.append(f"Expected {FLAG}.alpha > 0, got {alpha}. Lower alpha means more heterogeneous clients.")
         if not gamma > 0:
-            problems.append(
-                f"Expected --data.partitioner.init_args.gamma > 0, got {gamma}. "
-                "Lower gamma means more unequal client sizes."
-            )
-        if problems:
-            raise ConfigError(*problems)
+            problems.append(f"Expected {FLAG}.gamma > 0, got {gamma}. Lower gamma means more unequal client sizes.")
+        check_settings(problems, num_clients=(num_clients, 1))
         self.num_clients = num_clients
         self.alpha = alpha
         self.gamma = gamma
 
-    def __call__(
-        self,
-        targets: np.ndarray,
-        num_classes: int,
-        rng: np.random.Generator,
-        groups: np.ndarray | None = None,
+    def split(
+        self, targets: np.ndarray, num_classes: int, rng: np.random.Generator, groups: np.ndarray | None
     ) -> list[np.ndarray]:
-        """See :meth:`Partitioner.__call__`; ``groups`` is ignored."""
         num_samples = len(targets)
         if self.num_clients > num_samples:
             raise ConfigError(

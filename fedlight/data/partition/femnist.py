@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedlight.data.partition.base import Partitioner, sorted_indices
+from fedlight.data.partition.base import Partitioner, check_settings, sorted_indices
 from fedlight.errors import ConfigError
 
 # FedProx's constants: the log-normal's mean (of the log) and the least samples per held class.
@@ -49,30 +49,21 @@ class FEMNISTPartition(Partitioner):
         sigma: float = 1.0,
         base: int = 5,
     ) -> None:
-        problems = []
-        if num_clients < 1:
-            problems.append(f"Expected --data.partitioner.init_args.num_clients >= 1, got {num_clients}.")
-        if classes_per_client < 1:
-            problems.append(f"Expected --data.partitioner.init_args.classes_per_client >= 1, got {classes_per_client}.")
-        if sigma < 0:
-            problems.append(f"Expected --data.partitioner.init_args.sigma >= 0, got {sigma}.")
-        if base < 0:
-            problems.append(f"Expected --data.partitioner.init_args.base >= 0, got {base}.")
-        if problems:
-            raise ConfigError(*problems)
+        check_settings(
+            [],
+            num_clients=(num_clients, 1),
+            classes_per_client=(classes_per_client, 1),
+            sigma=(sigma, 0),
+            base=(base, 0),
+        )
         self.num_clients = num_clients
         self.classes_per_client = classes_per_client
         self.sigma = sigma
         self.base = base
 
-    def __call__(
-        self,
-        targets: np.ndarray,
-        num_classes: int,
-        rng: np.random.Generator,
-        groups: np.ndarray | None = None,
+    def split(
+        self, targets: np.ndarray, num_classes: int, rng: np.random.Generator, groups: np.ndarray | None
     ) -> list[np.ndarray]:
-        """See :meth:`Partitioner.__call__`; ``groups`` is ignored."""
         k = self.classes_per_client
         if k > num_classes:
             raise ConfigError(

@@ -13,7 +13,7 @@ from typing import Literal
 
 import numpy as np
 
-from fedlight.data.partition.base import Partitioner, sorted_indices
+from fedlight.data.partition.base import Partitioner, check_settings, sorted_indices
 from fedlight.errors import ConfigError
 
 
@@ -39,25 +39,14 @@ class KClasses(Partitioner):
         classes_per_client: int = 2,
         assignment: Literal["consecutive", "random"] = "consecutive",
     ) -> None:
-        problems = []
-        if num_clients < 1:
-            problems.append(f"Expected --data.partitioner.init_args.num_clients >= 1, got {num_clients}.")
-        if classes_per_client < 1:
-            problems.append(f"Expected --data.partitioner.init_args.classes_per_client >= 1, got {classes_per_client}.")
-        if problems:
-            raise ConfigError(*problems)
+        check_settings([], num_clients=(num_clients, 1), classes_per_client=(classes_per_client, 1))
         self.num_clients = num_clients
         self.classes_per_client = classes_per_client
         self.assignment = assignment
 
-    def __call__(
-        self,
-        targets: np.ndarray,
-        num_classes: int,
-        rng: np.random.Generator,
-        groups: np.ndarray | None = None,
+    def split(
+        self, targets: np.ndarray, num_classes: int, rng: np.random.Generator, groups: np.ndarray | None
     ) -> list[np.ndarray]:
-        """See :meth:`Partitioner.__call__`; ``groups`` is ignored."""
         k = self.classes_per_client
         if k > num_classes:
             raise ConfigError(

@@ -20,14 +20,12 @@ class Natural(Partitioner):
         [array([1]), array([0, 2]), array([3])]
     """
 
-    def __call__(
-        self,
-        targets: np.ndarray,
-        num_classes: int,
-        rng: np.random.Generator,
-        groups: np.ndarray | None = None,
+    uses_groups = True
+
+    def split(
+        self, targets: np.ndarray, num_classes: int, rng: np.random.Generator, groups: np.ndarray | None
     ) -> list[np.ndarray]:
-        """See :meth:`Partitioner.__call__`; only ``groups`` is used."""
+        """One client per id of ``groups``; the labels are not used."""
         if groups is None:
             raise ConfigError(
                 "The Natural partitioner needs natural client ids, but the dataset's load_train() returned "

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from fedlight.data.partition.base import Partitioner, sorted_indices
+from fedlight.data.partition.base import FLAG, Partitioner, check_settings, sorted_indices
 from fedlight.errors import ConfigError
 
 
@@ -47,32 +47,22 @@ class PowerLaw(Partitioner):
         sigma: float = 2.0,
     ) -> None:
         problems = []
-        if num_clients < 1:
-            problems.append(f"Expected --data.partitioner.init_args.num_clients >= 1, got {num_clients}.")
-        if classes_per_client < 1:
-            problems.append(f"Expected --data.partitioner.init_args.classes_per_client >= 1, got {classes_per_client}.")
         if base_samples < 1:
             problems.append(
-                f"Expected --data.partitioner.init_args.base_samples >= 1, got {base_samples}; it guarantees "
-                "that every client holds each of its classes."
+                f"Expected {FLAG}.base_samples >= 1, got {base_samples}; it guarantees that every client holds each "
+                "of its classes."
             )
-        if sigma < 0:
-            problems.append(f"Expected --data.partitioner.init_args.sigma >= 0, got {sigma}.")
-        if problems:
-            raise ConfigError(*problems)
+        check_settings(
+            problems, num_clients=(num_clients, 1), classes_per_client=(classes_per_client, 1), sigma=(sigma, 0)
+        )
         self.num_clients = num_clients
         self.classes_per_client = classes_per_client
         self.base_samples = base_samples
         self.sigma = sigma
 
-    def __call__(
-        self,
-        targets: np.ndarray,
-        num_classes: int,
-        rng: np.random.Generator,
-        groups: np.ndarray | None = None,
+    def split(
+        self, targets: np.ndarray, num_classes: int, rng: np.random.Generator, groups: np.ndarray | None
     ) -> list[np.ndarray]:
-        """See :meth:`Partitioner.__call__`; ``groups`` is ignored."""
         num_clients, k, base = self.num_clients, self.classes_per_client, self.base_samples
         if k > num_classes:
             raise ConfigError(
