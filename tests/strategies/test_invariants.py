@@ -2,10 +2,14 @@
 
 Rules that need nothing but a state run on :class:`ScalarClient`: each client minimises ½(w − y_k)² from
 the global w. Rules that read features, convolutions or previous local models (FedDecorr, MOON, FedSLS,
-FedSL) run on a small CNN classifier over 8×8 images, in full batches so that a client's result does not
-depend on its batch order. The rules differ in how they combine the results, but none may move identical
+FedSL, FedProto) run on a small CNN classifier over 8×8 images, in full batches so that a client's result does
+not depend on its batch order. The rules differ in how they combine the results, but none may move identical
 clients, change a lone client's result, depend on the order of the clients or lose anything across a
-checkpoint.
+checkpoint. Wrappers around a rule (robust aggregation, attacks, differential privacy) are held to what they
+promise: none depends on the order of the clients or loses anything across a checkpoint, and a wrapper with
+nothing to do (no outlier to reject, no noise, a clip it never reaches) is the rule it wraps. The rules that
+train their own kind of client (FedCC's centroids, clustered and LADD's cluster banks) have their tester in
+``test_invariants_clustered.py``.
 """
 
 import pytest
@@ -16,6 +20,8 @@ from fedlight.data import FederatedDataModule
 from fedlight.engine.trainer import FederatedTrainer
 from fedlight.strategies import (
     MOON,
+    Attack,
+    DPFedAvg,
     Fairness,
     FedAtt,
     FedAU,
@@ -23,9 +29,11 @@ from fedlight.strategies import (
     FedAvgM,
     FedDecorr,
     FedNova,
+    FedProto,
     FedProx,
     FedSL,
     FedSLS,
+    RobustAggregation,
 )
 from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
 
@@ -49,7 +57,28 @@ IMAGE_STRATEGIES = {
     "fedavgm": lambda: FedAvgM(momentum=0.5),
     "fednova": FedNova,
     "fedau": FedAU,
+    "fedproto": FedProto,
 }
+# Wrappers: seven clients, so that Krum's and Bulyan's f = 1 is admissible and an attacker is drawn.
+WRAPPERS = {
+    "median": lambda: RobustAggregation(FedAvg(), aggregator="median"),
+    "trimmed_mean": lambda: RobustAggregation(FedAvg(), aggregator="trimmed_mean", beta=0.2),
+    "krum": lambda: RobustAggregation(FedAvg(), aggregator="krum", f=1),
+    "multi_krum": lambda: RobustAggregation(FedAvg(), aggregator="multi_krum", f=1, m=3),
+    "bulyan": lambda: RobustAggregation(FedAvg(), aggregator="bulyan", f=1),
+    "sign_flip": lambda: Attack(FedAvg(), kind="sign_flip", fraction=0.3),
+    "gaussian": lambda: Attack(FedAvg(), kind="gaussian", fraction=0.3),
+    "dp": lambda: DPFedAvg(FedAvg(), clip_norm=0.5, noise_multiplier=0.8),
+}
+# …and with nothing to do: every client alike (nothing to reject), no noise and a clip never reached.
+NEUTRAL_WRAPPERS = {
+    "median": lambda: RobustAggregation(FedAvg(), aggregator="median"),
+    "trimmed_mean": lambda: RobustAggregation(FedAvg(), aggregator="trimmed_mean", beta=0.2),
+    "krum": lambda: RobustAggregation(FedAvg(), aggregator="krum", f=1),
+    "bulyan": lambda: RobustAggregation(FedAvg(), aggregator="bulyan", f=1),
+    "dp": lambda: DPFedAvg(FedAvg(), clip_norm=1e6, noise_multiplier=0.0),
+}
+SEVEN = ([4, 6, 10, 8, 6, 12, 4], [1.0, -2.0, 4.0, 0.5, 1.5, -1.0, 2.0])
 
 
 @pytest.fixture(params=list(STRATEGIES), ids=list(STRATEGIES))
@@ -185,3 +214,40 @@ def _assert_same_state(a, b):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     else:
         assert a == b
+
+
+# -- wrappers around a rule ------------------------------------------------------------------------------
+
+
+# An attack's attackers are client identities drawn from the run's stream: permuting which data each client
+# holds changes what the attackers send, so attacks are held to the round trip only (and, in
+# test_robust_distributed.py, to giving one process's result with two).
+@pytest.mark.parametrize("name", [name for name in WRAPPERS if not isinstance(WRAPPERS[name](), Attack)])
+def test_a_wrapped_result_does_not_depend_on_client_order(name, tmp_path):
+    (sizes, values), order = SEVEN, [5, 2, 0, 6, 3, 1, 4]
+    kwargs = {"rounds": 2, "lr": 0.5, "local_epochs": 2}
+    w = fit(tmp_path, sizes, values, WRAPPERS[name](), **kwargs).global_state
+    permuted = fit(tmp_path, [sizes[i] for i in order], [values[i] for i in order], WRAPPERS[name](), **kwargs)
+    torch.testing.assert_close(permuted.global_state, w)
+
+
+@pytest.mark.parametrize("name", list(WRAPPERS))
+def test_a_wrapped_state_round_trips_through_a_checkpoint(name, tmp_path):
+    sizes, values = SEVEN
+    straight = fit(tmp_path, sizes, values, WRAPPERS[name](), rounds=3, lr=0.5)
+    first = fit(tmp_path, sizes, values, WRAPPERS[name](), rounds=1, lr=0.5)
+    ckpt = first.run_dir / "checkpoints" / "last.ckpt"
+    resumed = fit(tmp_path, sizes, values, WRAPPERS[name](), rounds=3, lr=0.5, ckpt_path=ckpt)
+    torch.testing.assert_close(resumed.global_state, straight.global_state, rtol=0, atol=0)
+    clone = WRAPPERS[name]()
+    clone.load_state_dict(resumed.strategy.state_dict())
+    _assert_same_state(clone.state_dict(), resumed.strategy.state_dict())
+
+
+@pytest.mark.parametrize("name", list(NEUTRAL_WRAPPERS))
+def test_a_wrapper_with_nothing_to_do_is_the_rule_it_wraps(name, tmp_path):
+    sizes, values = SEVEN[0], [1.5] * 7  # identical clients: no outlier to reject
+    wrapped = fit(tmp_path, sizes, values, NEUTRAL_WRAPPERS[name](), rounds=2, lr=0.5, init=-1.0)
+    plain = fit(tmp_path, sizes, values, FedAvg(), rounds=2, lr=0.5, init=-1.0)
+    assert wrapped.global_state.item() == pytest.approx(plain.global_state.item(), abs=1e-6)
+    assert plain.global_state.item() != pytest.approx(-1.0)  # the rounds did move the model
