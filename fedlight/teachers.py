@@ -61,7 +61,22 @@ class Teachers:
         The module is a copy of ``like`` made once per role and process, in eval mode and without gradients;
         its frozen entries (a pretrained backbone) are those of ``like``, its federated entries are copied in.
         """
-        role = role or name
+        return self.holding(role or name, like, layout, self.states[name])
+
+    def holding(self, role: str, like: nn.Module, layout: FlatState, state: torch.Tensor) -> nn.Module:
+        """The frozen module of ``role`` holding the flat ``state`` (``[P]``, on any device), not stored here."""
+        teacher = self._frozen(role, like)
+        layout.load(teacher, state.to(next(teacher.parameters()).device))
+        return teacher
+
+    def copy_of(self, role: str, module: nn.Module) -> nn.Module:
+        """The frozen module of ``role`` holding ``module``'s current weights, copied on their device."""
+        teacher = self._frozen(role, module)
+        teacher.load_state_dict(module.state_dict())
+        return teacher
+
+    def _frozen(self, role: str, like: nn.Module) -> nn.Module:
+        """The copy of ``like`` for ``role``, made on first use, in eval mode and without gradients."""
         if role not in self._modules:
             saved = getattr(like, "teachers", None)
             if saved is not None:
@@ -69,9 +84,7 @@ class Teachers:
             self._modules[role] = copy.deepcopy(like).requires_grad_(False).eval()
             if saved is not None:
                 like.teachers = saved
-        teacher = self._modules[role]
-        layout.load(teacher, self.states[name].to(next(teacher.parameters()).device))
-        return teacher
+        return self._modules[role]
 
     def state_dict(self) -> dict[str, Any]:
         return {"states": {k: v.clone() for k, v in self.states.items()}, "counts": dict(self.counts)}

@@ -25,7 +25,6 @@ checkpointed (none with ``previous: averaged``); two frozen copies of N on the t
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -35,6 +34,7 @@ from torch import Tensor, nn
 from fedlight.errors import ConfigError
 from fedlight.state import FlatState
 from fedlight.strategies.fedcc import CentroidRule, FedCC
+from fedlight.teachers import Teachers
 
 if TYPE_CHECKING:
     from lightning import LightningModule
@@ -109,9 +109,9 @@ class FedCCMOON(FedCC):
         self.previous: dict[int, Tensor] = {}  # client → [P_N] its N after its last local fit
         self._fresh: dict[int, Tensor] = {}  # this round's entries of ``previous``, trained in this process
         self._layout: FlatState | None = None
-        self._global: nn.Module | None = None  # N^t, frozen
-        self._previous: nn.Module | None = None  # N_prev, frozen
-        self._has_previous = False
+        self._copies = Teachers()  # frozen copies of the branch: "global" holds N^t, "previous" N_prev
+        self._global: nn.Module | None = None
+        self._previous: nn.Module | None = None
 
     def check(self, module: LightningModule, datamodule: Any) -> list[str]:
         try:
@@ -128,17 +128,13 @@ class FedCCMOON(FedCC):
         branch = module.get_submodule(self.branch)
         if self._layout is None:
             self._layout = FlatState(branch)
-            self._global = copy.deepcopy(branch).requires_grad_(False).eval()
-            self._previous = copy.deepcopy(branch).requires_grad_(False).eval()
-        self._global.load_state_dict(branch.state_dict())
+        self._global = self._copies.copy_of("global", branch)
         previous = self.previous.get(plan.client)
-        self._has_previous = previous is not None
-        if self._has_previous:
-            self._layout.load(self._previous, previous)
+        self._previous = None if previous is None else self._copies.holding("previous", branch, self._layout, previous)
 
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, Tensor]) -> Tensor:
         averaged = self.previous_model == "averaged"
-        if self.mu == 0 or not (self._has_previous or averaged):
+        if self.mu == 0 or not (self._previous is not None or averaged):
             return outputs["loss"]
         feats = outputs["features"]  # f [B, C, h, w], the dropped copy the correspondence loss reads (FUSS's code)
         with torch.no_grad():

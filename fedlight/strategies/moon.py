@@ -23,7 +23,6 @@ of the checkpoint. Two frozen copies of the network (global and previous) live o
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -35,6 +34,7 @@ from fedlight.errors import ConfigError
 from fedlight.state import FlatState
 from fedlight.strategies.base import ClientPlan, ClientUpdate
 from fedlight.strategies.fedavg import FedAvg
+from fedlight.teachers import Teachers
 
 if TYPE_CHECKING:
     from lightning import LightningModule
@@ -101,9 +101,10 @@ class MOON(FedAvg):
         self.previous: dict[int, torch.Tensor] = {}  # client → [P_net] fp32 CPU state of its last local model
         self._fresh: dict[int, torch.Tensor] = {}  # this round's entries of ``previous``, trained in this process
         self._layout: FlatState | None = None  # the layout of module.net's floating-point state
-        self._global_net: nn.Module | None = None  # frozen copy holding W^t
-        self._previous_net: nn.Module | None = None  # frozen copy holding the client's previous model
-        self._has_previous = False
+        # frozen copies of the network, one per role: "global" holds W^t, "previous" the client's previous model
+        self._copies = Teachers()
+        self._global_net: nn.Module | None = None
+        self._previous_net: nn.Module | None = None
 
     def check(self, module: LightningModule, datamodule: Any) -> list[str]:
         try:
@@ -118,15 +119,12 @@ class MOON(FedAvg):
         net = _network_of(module)
         if self._layout is None:
             self._layout = FlatState(net)
-            self._global_net, self._previous_net = _frozen_copy(net), _frozen_copy(net)
-        self._global_net.load_state_dict(net.state_dict())
+        self._global_net = self._copies.copy_of("global", net)
         previous = self.previous.get(plan.client)
-        self._has_previous = previous is not None
-        if self._has_previous:
-            self._layout.load(self._previous_net, previous)  # copied from the CPU onto the training device
+        self._previous_net = None if previous is None else self._copies.holding("previous", net, self._layout, previous)
 
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        if self.mu == 0 or not self._has_previous:
+        if self.mu == 0 or self._previous_net is None:
             return outputs["loss"]  # no negative: MOON's logits would hold the positive pair alone, ℓ_con = 0
         if "features" not in outputs:
             raise ConfigError(
@@ -176,8 +174,3 @@ def _network_of(module: LightningModule) -> nn.Module:
             "forward_features. Use fedlight.clients.ClassificationClient with a registered model."
         )
     return net
-
-
-def _frozen_copy(net: nn.Module) -> nn.Module:
-    """A copy of ``net`` in eval mode without gradients (MOON evaluates the global and previous nets frozen)."""
-    return copy.deepcopy(net).requires_grad_(False).eval()
