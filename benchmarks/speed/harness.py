@@ -808,6 +808,41 @@ def print_report(work: Workload, args: argparse.Namespace, results: dict[str, Su
     }
 
 
+def print_limit(work: Workload, args: argparse.Namespace, results: dict[str, Summary]) -> dict[str, Any]:
+    """The round's FLOPs, the machine's GFLOP/s and each engine's share of them (see ``limit.py``)."""
+    import limit
+
+    data = work.make_datamodule()
+    data.setup()
+    per_sample = limit.mean_flops_per_sample(work.make_client().net, data, work.task)
+    flops = float(
+        np.mean(
+            [
+                limit.round_flops(
+                    data, round_clients(data.num_samples, work.clients_per_round, r), work.local_epochs, per_sample
+                )
+                for r in range(args.rounds)
+            ]
+        )
+    )
+    device = "cuda" if args.accelerator == "cuda" else "cpu"
+    table = limit.limit_table(args.precision, os.cpu_count() or 1, device)
+    dtype = "bfloat16" if args.precision.startswith("bf16") else "float32"
+    print()
+    print(
+        f"the limit: a round's local training is {flops / 1e9:.3f} GFLOP (torch's FlopCounterMode, forward + backward)"
+    )
+    for setting, rates in table.items():
+        print(f"  machine, {setting:<24} matmul {rates['matmul']:8.1f} GFLOP/s   3×3 conv {rates['conv']:8.1f} GFLOP/s")
+    limit_key = f"{dtype}, {args.threads} thread(s)"
+    shares = {}
+    for key, s in results.items():
+        achieved, share = limit.share_of_limit(flops, 1 / s.round_s, table[limit_key])
+        shares[key] = {"gflops": achieved, "share": share}
+        print(f"  {s.label:<12} {achieved:8.2f} GFLOP/s achieved, {100 * share:5.1f} % of the limit ({limit_key})")
+    return {"round_gflop": flops / 1e9, "machine_gflops": table, "engines": shares}
+
+
 def work_target(work: Workload, kind: str) -> str:
     return {"synthetic_mlp": "≤ 1.10", "digits_cnn": "≤ 1.03"}.get(work.name, "–")
 
@@ -913,6 +948,7 @@ def main(work: Workload, script: str, doc: str) -> dict[str, Any] | None:
     labels |= {"flower1": "Flower ×1", "flower2": "Flower ×2", "batched1": "batched ×1"}
     results = {key: summarise(labels.get(key, key), value) for key, value in reports.items()}
     summary = print_report(work, args, results)
+    summary["limit"] = print_limit(work, args, results)
     (args.out / f"{work.name}.json").write_text(json.dumps(summary, indent=2))
     problems = [
         f"{pair}: {diff:.2e}"
