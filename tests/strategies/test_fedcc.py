@@ -187,31 +187,15 @@ def test_one_round_through_the_engine_averages_by_batches_and_substitutes_maximi
     assert torch.equal(trainer.global_state[mask].view(12, 3), maximin_select(pooled, 12))
 
 
-def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
-    from fedlight.callbacks import BackboneFeatureCache
-    from fedlight.data import FederatedDataModule, StreetScenes
-    from fedlight.engine.trainer import FederatedTrainer
+def test_a_resumed_run_ends_where_an_uninterrupted_one_does_and_keeps_each_clients_centroids(tmp_path):
+    from tests.strategies.test_invariants_clustered import fit_centroids
 
-    def fit(rounds, root, ckpt_path=None):
-        dataset = StreetScenes(num_classes=12, num_cities=2, images_per_city=8, num_test_samples=2, image_size=16)
-        data = FederatedDataModule(dataset, batch_size=4, test_fraction=0.0, return_index=True)
-        torch.manual_seed(0)
-        module = UnsupervisedSegmentationClient(
-            num_classes=12, input_shape=(3, 16, 16), backbone="conv_patch8", backbone_kwargs={"out_channels": 8},
-            dim=3, feature_samples=2, num_negatives=1,
-        )  # fmt: skip
-        trainer = FederatedTrainer(
-            rounds=rounds, clients_per_round=2, local_steps=2, logger=None, enable_progress_bar=False,
-            default_root_dir=root, callbacks=[BackboneFeatureCache(k=3)],
-        )  # fmt: skip
-        trainer.fit(module, data, FedCC(aggregated="encoder"), ckpt_path=ckpt_path)
-        return trainer
-
-    straight = fit(2, tmp_path / "a")
-    first = fit(1, tmp_path / "b")
-    resumed = fit(2, tmp_path / "b", ckpt_path=first.run_dir / "checkpoints" / "last.ckpt")
+    straight = fit_centroids(tmp_path / "a", FedCC(aggregated="encoder"), rounds=2)
+    first = fit_centroids(tmp_path / "b", FedCC(aggregated="encoder"), rounds=1)
+    ckpt = first.run_dir / "checkpoints" / "last.ckpt"
+    resumed = fit_centroids(tmp_path / "b", FedCC(aggregated="encoder"), rounds=2, ckpt_path=ckpt)
     assert torch.equal(resumed.global_state, straight.global_state)
-    assert set(resumed.strategy.own_centroids) == {0, 1}
+    assert set(resumed.strategy.own_centroids) == {0, 1, 2}
 
 
 def test_a_misaligned_start_permutes_each_clients_first_centroids_and_nothing_else():
