@@ -50,7 +50,10 @@ WORKLOADS = {
 }
 
 # Another job: matrix products on torch's default threads, for as long as the benchmark that started it lives.
-LOAD = "import os, torch\nparent = os.getppid()\na = torch.randn(1024, 1024)\nwhile os.getppid() == parent:\n    a @ a\n"
+LOAD = (
+    "import os, torch\nparent = os.getppid()\na = torch.randn(1024, 1024)\n"
+    "while os.getppid() == parent:\n    a @ a\n"
+)
 
 
 @contextmanager
