@@ -17,6 +17,8 @@ Precision = Literal["32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true",
 LoggerName = Literal["csv", "wandb"]
 StartMethod = Literal["popen", "fork"]
 WandbMode = Literal["offline", "online", "disabled"]
+#: ``torch.compile`` of the sequential client step: off, or on with one of its modes (``true`` is ``default``)
+CompileMode = bool | Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
 
 @dataclass(frozen=True)
@@ -97,10 +99,11 @@ class ProcessSettings:
 
 @dataclass(frozen=True)
 class BatchingSettings:
-    """Vectorised clients: how many to stack, and whether to compile the stacked step."""
+    """How client steps run: vectorised (how many to stack, compiled or not) and compiled one client at a time."""
 
     client_batching: int | Literal["auto"] | None
     compile_batched: bool
+    compile_steps: CompileMode = False
 
     def problems(self) -> list[str]:
         problems = []

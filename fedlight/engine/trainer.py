@@ -40,6 +40,7 @@ from fedlight.data.datamodule import FederatedDataModule
 from fedlight.engine.aggregation import Aggregation
 from fedlight.engine.config import (
     BatchingSettings,
+    CompileMode,
     GuardSettings,
     LoggerName,
     LoggingSettings,
@@ -141,6 +142,11 @@ class FederatedTrainer:
             One graph per stack size (padded to a power of two) is compiled in the first rounds, several
             seconds each on a CPU, after which a step of K clients costs a fraction of K plain steps; it pays
             for runs of many rounds. Results equal the uncompiled ones up to float rounding.
+        compile_steps: compile each client step's forward pass and loss (the client's ``training_step`` and the
+            rule's loss) with ``torch.compile``, once per run for every client: ``true`` (torch's default mode),
+            ``reduce-overhead`` (CUDA graphs on a GPU, for many small steps), ``max-autotune`` or
+            ``max-autotune-no-cudagraphs``. The first steps pay the compilation (seconds); the optimizer stays
+            eager. Results equal eager steps up to float rounding (a fused graph sums in another order).
         init_from: start the run from another run's weights instead of the model's own initialisation: a
             fedlight checkpoint (``<run_dir>/checkpoints/last.ckpt``, e.g. of a centralized source
             pre-training run), a Lightning checkpoint, or a file holding a plain ``state_dict``. Weights only;
@@ -198,6 +204,7 @@ class FederatedTrainer:
         seed: int | None = None,
         client_batching: int | Literal["auto"] | None = None,
         compile_batched: bool = False,
+        compile_steps: CompileMode = False,
         init_from: str | Path | None = None,
         max_update_ratio: float | None = 1000.0,
         rewind: bool = False,
@@ -212,7 +219,7 @@ class FederatedTrainer:
         self.processes = ProcessSettings(
             accelerator, devices, num_nodes, start_method, precision, threads, channels_last, rendezvous_timeout
         )
-        self.batching = BatchingSettings(client_batching, compile_batched)
+        self.batching = BatchingSettings(client_batching, compile_batched, compile_steps)
         self.guard_settings = GuardSettings(max_update_ratio, fail_fast, gather_budget_mb)
         self.logging = LoggingSettings(
             Path(default_root_dir), name, loggers, wandb_project, wandb_entity, wandb_mode, wandb_group, wandb_tags,
@@ -640,8 +647,9 @@ class FederatedTrainer:
         """The engine's pieces for the run just set up, each given only what it needs."""
         fabric, rank = self.fabric, self.fabric.global_rank
         self.training = LocalTraining(
-            self.model, self.datamodule, self.strategy, self.context, fabric, self.streams, self.settings
-        )
+            self.model, self.datamodule, self.strategy, self.context, fabric, self.streams, self.settings,
+            self.batching.compile_steps,
+        )  # fmt: skip
         self.guards = FailureGuards(self.guard_settings, lambda: self.run_dir, rank)
         self.fits = RoundFits(
             self.training, self.guards, self.batching, fabric, self.console, self.guard_settings.fail_fast
