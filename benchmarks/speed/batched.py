@@ -142,9 +142,11 @@ def main() -> None:
     )
     for name in args.workloads.split(","):
         # name → (client_batching, compile_batched, compile_steps)
-        variants = {"sequential": (None, False, False), "batched": ("auto", False, False)}
+        _, _, per_round, _ = workload(name, args.reduced)
+        # K = the cohort: vectorised whatever client_batching=auto's cost model would choose
+        variants = {"sequential": (None, False, False), "batched": (per_round, False, False)}
         if not args.no_compile:
-            variants["compiled"] = ("auto", True, False)
+            variants["compiled"] = (per_round, True, False)
             variants["steps"] = (None, False, args.steps_mode)  # compiled client steps, one client at a time
         runs: dict[str, list[dict]] = {key: [] for key in variants}
         for _ in range(args.repeats):
@@ -153,7 +155,6 @@ def main() -> None:
         rate = {k: statistics.median(1 / r["round_s"] for r in v) for k, v in runs.items()}
         wall = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
         numel = runs["batched"][0]["numel"]
-        _, _, per_round, _ = workload(name, args.reduced)
         assert all(r["vectorised"] for key in variants if variants[key][0] for r in runs[key]), (
             f"({name}) did not run vectorised"
         )

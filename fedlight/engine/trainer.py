@@ -134,7 +134,10 @@ class FederatedTrainer:
         seed: the run's seed, from which every random stream is derived. By default the seed that
             ``lightning.seed_everything`` set (the command line's ``seed_everything``), else 0.
         client_batching: train up to this many of a process's clients of a round together, as one vectorised
-            model (``auto``: as many as fit in 1 GiB of stacked parameters, gradients and optimizer state).
+            model. ``auto`` vectorises only where the speed benchmarks measured it faster (on a GPU; on a CPU,
+            models without convolutions whose first round's Σ steps / max steps over its clients reaches 8, or
+            2 with ``compile_batched``), as many clients as fit in 1 GiB of stacked parameters, gradients and
+            optimizer state, and says on the console which path runs and why; an int K always vectorises.
             Each client keeps its own batches, optimizer state and step count; results equal sequential
             training up to float rounding. Rounds that cannot be vectorised (BatchNorm, active dropout,
             schedulers, strategies with client-side hooks) run sequentially, said once in the log.
