@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -242,6 +243,13 @@ class DPFedAvg(RuleWrapper):
         self._num_clients = context.datamodule.num_clients
         if not self.insecure_seeded_noise and self._secret is None:  # a resumed run has its checkpoint's
             self._secret = context.all_gather_objects(secrets.randbits(128) if context.rank == 0 else None)[0]
+        if self.insecure_seeded_noise and self.noise_multiplier > 0 and context.rank == 0:
+            warnings.warn(
+                "DPFedAvg draws its noise from --seed_everything (insecure_seeded_noise=true): whoever has this run's "
+                "configuration can subtract the noise, so the reported ε protects nothing against them. Use it for "
+                "simulations only.",
+                stacklevel=2,
+            )
 
     def on_round_start(self, context: RunContext, round_idx: int, plans: list[ClientPlan]) -> None:
         self.rule.on_round_start(context, round_idx, plans)

@@ -69,7 +69,8 @@ def test_noise_is_z_c_over_k_times_the_rounds_draw(tmp_path):
 
 
 def test_insecure_seeded_noise_is_the_rounds_draw_from_the_run_seed(tmp_path):
-    trainer = fit(tmp_path, DPFedAvg(clip_norm=1.0, noise_multiplier=2.0, insecure_seeded_noise=True))
+    with pytest.warns(UserWarning, match="protects nothing"):
+        trainer = fit(tmp_path, DPFedAvg(clip_norm=1.0, noise_multiplier=2.0, insecure_seeded_noise=True))
     # child 1 of strategy stream 0 seeds a torch generator; ξ is its first normal
     seed = int(trainer.strategy_rng(0).spawn(2)[1].integers(2**62))
     xi = torch.randn(1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).item()
@@ -88,6 +89,7 @@ def cnn_fit(noise_multiplier, **kwargs):
     return trainer
 
 
+@pytest.mark.filterwarnings("ignore:DPFedAvg draws its noise")
 @pytest.mark.parametrize("insecure", [False, True])
 def test_the_noise_cannot_be_regenerated_from_the_configuration(insecure):
     clean = cnn_fit(0.0).global_state  # the same clients, the same seed, no noise
@@ -104,6 +106,7 @@ def test_the_noise_cannot_be_regenerated_from_the_configuration(insecure):
         assert error > 0.5 * noise_norm
 
 
+@pytest.mark.filterwarnings("ignore:DPFedAvg draws its noise")
 def test_two_fresh_runs_of_one_configuration_draw_different_noise_unless_insecure(tmp_path):
     def final(**kwargs):
         return fit(tmp_path, DPFedAvg(clip_norm=1.0, noise_multiplier=2.0, **kwargs), rounds=2).global_state.item()
@@ -166,6 +169,7 @@ def test_epsilon_matches_dp_accounting(tmp_path):
     assert dp_epsilon(0.3, 1.5, 2, 1e-5, "pld") == pytest.approx(pld.get_epsilon(1e-5), rel=1e-12)
 
 
+@pytest.mark.filterwarnings("ignore:DPFedAvg draws its noise")
 def test_resumed_run_reports_the_same_epsilon(tmp_path):
     def make():  # seeded noise: a separate straight run draws the same
         return DPFedAvg(FedProx(mu=0.1), noise_multiplier=1.5, adaptive=True, count_noise_std=1.0,

@@ -61,6 +61,7 @@ IMAGE_STRATEGIES = {
 }
 # Wrappers: seven clients, so that Krum's and Bulyan's f = 1 is admissible and an attacker is drawn. DP's noise is
 # drawn from the run's seed, since the tests below compare separate runs (secret noise: tests/strategies/test_dp.py).
+pytestmark = pytest.mark.filterwarnings("ignore:DPFedAvg draws its noise")
 WRAPPERS = {
     "median": lambda: RobustAggregation(FedAvg(), aggregator="median"),
     "trimmed_mean": lambda: RobustAggregation(FedAvg(), aggregator="trimmed_mean", beta=0.2),
