@@ -162,6 +162,8 @@ class FederatedDataModule:
         self.held_out_group = torch.from_numpy(np.repeat(np.arange(len(held_out)), [len(h) for h in held_out]))
         self.num_eval_groups = len(held_out)  # the original clients, also when training is centralized
         self.test: LabelledTensors | None = self.dataset.load_test()
+        if self.train_transform is not None:  # its files are read and checked now, not in the first local fit
+            self.train_transform.setup()
         self._is_setup = True
 
     @property

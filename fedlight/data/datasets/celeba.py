@@ -19,8 +19,8 @@ uint8 images are cached next to the data on first use.
 
 from __future__ import annotations
 
+import logging
 import os
-import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,7 +30,10 @@ import torch
 from PIL import Image
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
+from fedlight.data.readers.image_files import read_cached_images, write_cached_images
 from fedlight.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 _LABEL = "Smiling"
 _FILES = ("identity_CelebA.txt", "list_attr_celeba.txt", "img_align_celeba")
@@ -46,7 +49,8 @@ class CelebA(FederatedDataset):
 
     The first call decodes the images and saves them as uint8 to
     ``<root>/fedlight_cache_<S>px_min<min_images>[_users<max_users>].pt``; later calls load that file
-    (a stale cache, whose file list differs, is rebuilt). If ``root`` is read-only, nothing is cached.
+    (a stale cache, whose file list differs, or a damaged one, whose images fail their digest, is rebuilt). If
+    ``root`` is read-only, nothing is cached.
 
     Args:
         root: Folder holding ``celeba/identity_CelebA.txt``, ``celeba/list_attr_celeba.txt`` and the
@@ -129,11 +133,12 @@ class CelebA(FederatedDataset):
         suffix = f"_users{self.max_users}" if self.max_users is not None else ""
         cache = Path(self.root) / f"fedlight_cache_{self.image_size}px_min{self.min_images}{suffix}.pt"
         if cache.is_file():
-            cached = torch.load(cache, weights_only=True)
-            if cached["filenames"] == filenames:
-                return cached["images"]
+            images, problem = read_cached_images(cache, "filenames", filenames, (3, self.image_size, self.image_size))
+            if images is not None:
+                return images
+            log.warning("%s %s: decoding again", cache, problem)
         images = _decode_all(image_dir, filenames, self.image_size)
-        _save_atomically({"filenames": filenames, "images": images}, cache)
+        write_cached_images(cache, {"filenames": filenames, "images": images})
         return images
 
 
@@ -167,16 +172,3 @@ def _decode_all(image_dir: Path, filenames: list[str], size: int) -> torch.Tenso
     with ThreadPoolExecutor(max_workers=min(32, os.cpu_count() or 1)) as pool:
         list(pool.map(decode, range(len(filenames))))
     return images
-
-
-def _save_atomically(obj: dict, path: Path) -> None:
-    """Writes ``obj`` through a temporary file, so a crash or a concurrent reader never sees half a file."""
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except OSError as error:
-        tmp.unlink(missing_ok=True)
-        warnings.warn(
-            f"Could not cache the decoded CelebA images at {path} ({error}); they will be decoded again.", stacklevel=3
-        )
