@@ -14,6 +14,7 @@ from fedlight.data.datasets.mnist import MNIST
 from fedlight.data.datasets.npz import NpzDataset
 from fedlight.data.datasets.synthetic import Synthetic
 from fedlight.data.datasets.tiny_imagenet import TinyImageNet
+from fedlight.data.datasets.torch_dataset import TorchDataset
 from fedlight.data.datasets.voc import PascalVOC
 from fedlight.data.style.style_augment import StyleAugment
 from fedlight.data.twins.scenes import Scenes
@@ -45,4 +46,5 @@ __all__ = [
     "StyleCities",
     "Synthetic",
     "TinyImageNet",
+    "TorchDataset",
 ]
