@@ -9,6 +9,7 @@ from fedlight.data.datasets.cityscapes import CityscapesFUSS
 from fedlight.data.datasets.cocostuff import CocoStuff27
 from fedlight.data.datasets.digits import Digits
 from fedlight.data.datasets.femnist import FEMNIST
+from fedlight.data.datasets.hf import HFDataset
 from fedlight.data.datasets.ladd_splits import GTA5, CityscapesFFREEDA, CrossCity, Mapillary
 from fedlight.data.datasets.mnist import MNIST
 from fedlight.data.datasets.npz import NpzDataset
@@ -36,6 +37,7 @@ __all__ = [
     "Digits",
     "FederatedDataModule",
     "FederatedDataset",
+    "HFDataset",
     "LabelledTensors",
     "Mapillary",
     "NpzDataset",
