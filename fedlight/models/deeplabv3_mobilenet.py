@@ -70,6 +70,19 @@ def _backbone_state(raw: Mapping[str, torch.Tensor], target: Mapping[str, torch.
     )
 
 
+def _in_network_order(state: Mapping[str, torch.Tensor], tag: str) -> dict[str, torch.Tensor]:
+    """timm's checkpoint with its tensors in the network's module order, which matching by position needs.
+
+    safetensors files list their tensors sorted by name; the order comes from timm's network, built on the meta
+    device (shapes only, nothing allocated).
+    """
+    import timm
+
+    with torch.device("meta"):
+        order = timm.create_model(tag.split(".")[0]).state_dict()
+    return {key: state[key] for key in order if key in state}
+
+
 @register_model("deeplabv3_mobilenetv2")
 class DeepLabV3MobileNetV2(nn.Module):
     """torchvision's DeepLab-V3 head on MobileNet-V2 ``features``, with the logits at the input size.
@@ -115,7 +128,7 @@ class DeepLabV3MobileNetV2(nn.Module):
         if source is None:
             return
         if source.kind == "timm":
-            raw = timm_state_dict(source.name, _FLAG)
+            raw = _in_network_order(timm_state_dict(source.name, _FLAG), source.name)
         elif source.kind == "torchvision":
             raw = torchvision_state_dict("MobileNet_V2_Weights", source.name, _FLAG)
         else:

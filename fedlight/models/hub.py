@@ -4,8 +4,8 @@ A weights option (FUSS's ``pretrained``, LADD's ``encoder_weights``) takes one o
 
 - a local file (a path with a folder or a weights suffix, or any existing file): read as it is;
 - a timm tag, ``<architecture>.<pretrained tag>`` (``vit_base_patch8_224.dino``, ``mobilenetv2_100.ra_in1k``):
-  timm fetches the file from the Hugging Face Hub into the hub's cache (``HF_HUB_CACHE``, by default
-  ``~/.cache/huggingface/hub``); with ``HF_HUB_OFFLINE=1`` only that cache is read;
+  the file timm's pretrained configuration names is fetched from the Hugging Face Hub into the hub's cache
+  (``HF_HUB_CACHE``, by default ``~/.cache/huggingface/hub``); with ``HF_HUB_OFFLINE=1`` only that cache is read;
 - a torchvision tag, a member of the architecture's weights enum (``IMAGENET1K_V1``): torchvision fetches it
   into torch's hub folder (``TORCH_HOME``, by default ``~/.cache/torch/hub/checkpoints``), its hash checked.
 
@@ -94,27 +94,53 @@ def resolve_weights(
 
 
 def timm_state_dict(tag: str, flag: str) -> dict[str, torch.Tensor]:
-    """The weights of timm's ``tag`` without a classifier, fetched through the Hugging Face Hub's cache.
+    """The checkpoint of timm's ``tag`` as stored (classifier included), fetched through the Hugging Face Hub's cache.
+
+    Only the file is fetched, where timm's pretrained configuration says it is (its Hub repository, or a URL for
+    the few tags without one): the callers load it into their own modules, so timm's model is never built (a
+    randomly initialised ViT-B/8 alone takes seconds).
 
     Raises:
-        ConfigError: when they can be neither downloaded nor found in the cache, naming both.
+        ConfigError: when the file can be neither downloaded nor found in the cache, naming both.
     """
     import timm
     from huggingface_hub import constants
 
+    config = timm.models.get_pretrained_cfg(tag)
     try:
-        model = timm.create_model(tag, pretrained=True, num_classes=0)
+        if config.hf_hub_id:
+            return _hub_file(config.hf_hub_id, config.hf_hub_filename)
+        return torch.hub.load_state_dict_from_url(config.url, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, ValueError) as error:  # the hub's errors are OSErrors or ValueErrors
-        repo = timm.models.get_pretrained_cfg(tag).hf_hub_id
+        source = f"https://huggingface.co/{config.hf_hub_id}" if config.hf_hub_id else config.url
         offline = " (HF_HUB_OFFLINE is set: only the cache is read)" if constants.HF_HUB_OFFLINE else ""
         raise ConfigError(
             f"Could not load timm's {tag!r} weights ({flag}){offline}: {str(error).splitlines()[0]}",
-            f"They come from https://huggingface.co/{repo} and are kept in the Hugging Face cache, "
-            f"{constants.HF_HUB_CACHE}. Without network, run timm.create_model({tag!r}, pretrained=True) on a "
-            "machine that has it and copy its cache folder here (or point HF_HUB_CACHE at a copy), or give the "
-            "weights as a local file.",
+            f"They come from {source} and are kept in the Hugging Face cache, {constants.HF_HUB_CACHE}. Without "
+            f"network, run timm.create_model({tag!r}, pretrained=True) on a machine that has it and copy its cache "
+            "folder here (or point HF_HUB_CACHE at a copy), or give the weights as a local file.",
         ) from error
-    return model.state_dict()
+
+
+def _hub_file(repo_id: str, filename: str | None) -> dict[str, torch.Tensor]:
+    """A checkpoint from a Hub repository: ``filename``, else timm's safetensors file, else its PyTorch file."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+    from safetensors.torch import load_file
+
+    repo, _, revision = repo_id.partition("@")  # timm pins some repositories as repo@revision
+    names = [filename] if filename else ["model.safetensors", "pytorch_model.bin"]
+    for name in names:
+        try:
+            path = hf_hub_download(repo, name, revision=revision or None)
+        except EntryNotFoundError:
+            if name == names[-1]:
+                raise
+            continue
+        if name.endswith(".safetensors"):
+            return load_file(path, device="cpu")
+        return torch.load(path, map_location="cpu", weights_only=True)
+    raise AssertionError(f"no weights file tried for {repo_id}")
 
 
 def torchvision_state_dict(enum_name: str, member: str, flag: str) -> dict[str, torch.Tensor]:

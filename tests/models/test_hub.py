@@ -22,6 +22,7 @@ from fedlight.clients import UnsupervisedSegmentationClient
 from fedlight.errors import ConfigError
 from fedlight.models import create_model
 from fedlight.models.hub import WeightsSource, resolve_weights
+from fedlight.models.patch_features import build_patch_backbone
 
 REPO = Path(__file__).resolve().parents[2]
 LADD_FLAG = "--model.init_args.model_kwargs.encoder_weights"
@@ -134,8 +135,10 @@ print(json.dumps({"absent": absent}))
 def test_timm_tags_load_from_a_local_hub_cache_offline(tmp_path):
     timm = pytest.importorskip("timm")
     cache = tmp_path / "hub"
-    mobilenet = timm.create_model("mobilenetv2_100", num_classes=0).state_dict()
-    vit = timm.create_model("vit_small_patch8_224", num_classes=0).state_dict()
+    mobilenet = timm.create_model("mobilenetv2_100").state_dict()  # with its ImageNet classifier, as on the Hub
+    # random values in ViT-S/8's shapes at 224×224, without timm's slow initialisation
+    shapes = build_patch_backbone("vit_small_patch8_224", image_size=224, initialize=False).vit.state_dict()
+    vit = {key: torch.randn(value.shape) for key, value in shapes.items()}
     _hub_cache(cache, "mobilenetv2_100.ra_in1k", mobilenet)
     _hub_cache(cache, "vit_small_patch8_224.dino", vit)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "PYTHONPATH": str(REPO)}
