@@ -34,7 +34,7 @@ from PIL import Image
 from torchvision.datasets.utils import download_file_from_google_drive
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
-from fedlight.data.datasets.download import download_failed
+from fedlight.data.datasets.download import download_failed, download_lock
 from fedlight.errors import ConfigError
 
 _LABEL = "Smiling"
@@ -95,7 +95,10 @@ class CelebA(FederatedDataset):
         folder = Path(self.root) / "celeba"
         missing = [name for name in _FILES if not (folder / name).exists()]
         if missing and self.download:
-            _fetch(folder, missing)
+            with download_lock(folder):
+                missing = [name for name in _FILES if not (folder / name).exists()]  # another process may have
+                if missing:
+                    _fetch(folder, missing)
             missing = [name for name in _FILES if not (folder / name).exists()]
         if missing:
             raise ConfigError(

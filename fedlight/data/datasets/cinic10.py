@@ -64,7 +64,7 @@ class CINIC10(FederatedDataset):
         folders = [root / split / name for name in CLASSES]
         missing = [str(f) for f in folders if not f.is_dir()]
         if missing and self.download:
-            fetch_archive("CINIC-10", _URL, _MD5, root)
+            fetch_archive("CINIC-10", _URL, _MD5, root, done=lambda: all(f.is_dir() for f in folders))
             missing = [str(f) for f in folders if not f.is_dir()]
         if missing:
             raise ConfigError(

@@ -6,11 +6,15 @@ checksums), otherwise with torchvision's ``download_and_extract_archive`` from t
 MD5 checked before it is unpacked. A download that fails (no network, a checksum that does not match) raises
 one :class:`~fedlight.errors.ConfigError` naming the URL and the folder, so the files can be fetched on another
 machine and copied there; without ``download`` a missing dataset raises the same kind of message.
+
+The processes of one run (``--trainer.devices=N``) each build the data: a lock file in the target folder lets
+the first one download while the others wait, then find the files there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -28,8 +32,30 @@ def download_failed(name: str, urls: Sequence[str], folder: str | Path, error: B
     )
 
 
+@contextlib.contextmanager
+def download_lock(folder: str | Path) -> Iterator[None]:
+    """Holds ``<folder>/.fedlight-download.lock`` exclusively (POSIX ``flock``; no lock where there is none)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: one process per download is the user's to ensure
+        yield
+        return
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    with open(Path(folder) / ".fedlight-download.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def fetch_archive(
-    name: str, url: str, md5: str | None, download_root: str | Path, extract_root: str | Path | None = None
+    name: str,
+    url: str,
+    md5: str | None,
+    download_root: str | Path,
+    extract_root: str | Path | None = None,
+    done: Callable[[], bool] | None = None,
 ) -> None:
     """Downloads ``url`` into ``download_root`` (skipped when a file with that MD5 is there), checks it and unpacks it.
 
@@ -39,16 +65,21 @@ def fetch_archive(
         md5: its checksum; ``None`` only where the source publishes none.
         download_root: where the archive is saved.
         extract_root: where it is unpacked (default: ``download_root``).
+        done: whether the unpacked files are there, asked again once the lock is held: another process of the
+            run may have fetched them meanwhile.
 
     Raises:
         ConfigError: when the download fails or the checksum does not match, naming the URL and the folder.
     """
     from torchvision.datasets.utils import download_and_extract_archive
 
-    try:
-        download_and_extract_archive(url, download_root=str(download_root), extract_root=extract_root, md5=md5)
-    except (OSError, RuntimeError, ValueError) as error:  # URLError is an OSError; a bad checksum a RuntimeError
-        raise download_failed(name, [url], extract_root or download_root, error) from error
+    with download_lock(download_root):
+        if done is not None and done():
+            return
+        try:
+            download_and_extract_archive(url, download_root=str(download_root), extract_root=extract_root, md5=md5)
+        except (OSError, RuntimeError, ValueError) as error:  # URLError is an OSError; a bad checksum a RuntimeError
+            raise download_failed(name, [url], extract_root or download_root, error) from error
 
 
 def through_torchvision(
@@ -66,7 +97,8 @@ def through_torchvision(
         missing: what to do when the files are absent and nothing was downloaded.
     """
     try:
-        return read()
+        with download_lock(folder) if download else contextlib.nullcontext():
+            return read()  # torchvision checks the files first and downloads only what is missing
     except (OSError, RuntimeError) as error:
         if download:
             raise download_failed(name, urls, folder, error) from error

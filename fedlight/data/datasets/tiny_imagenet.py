@@ -79,7 +79,7 @@ class TinyImageNet(FederatedDataset):
         needed = [root / "wnids.txt", root / "train", root / "val" / "val_annotations.txt"]
         missing = [str(p) for p in needed if not p.exists()]
         if missing and self.download:
-            fetch_archive("TinyImageNet", _URL, _MD5, root.parent)
+            fetch_archive("TinyImageNet", _URL, _MD5, root.parent, done=lambda: all(p.exists() for p in needed))
             missing = [str(p) for p in needed if not p.exists()]
         if missing:
             raise ConfigError(

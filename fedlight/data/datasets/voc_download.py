@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from fedlight.data.datasets.download import fetch_archive
+from fedlight.data.datasets.download import download_lock, fetch_archive
 from fedlight.errors import ConfigError
 
 VOC_URL = "https://thor.robots.ox.ac.uk/pascal/VOC/voc2012/VOCtrainval_11-May-2012.tar"
@@ -38,14 +38,22 @@ def check_download_root(root: str) -> None:
 
 def fetch_voc(root: str) -> None:
     """Downloads and unpacks VOC 2012 trainval so that ``<root>/VOC2012/`` exists (``root`` is the VOCdevkit)."""
-    fetch_archive("Pascal VOC 2012", VOC_URL, VOC_MD5, Path(root).parent)
+    images = Path(root) / "VOC2012" / "JPEGImages"
+    fetch_archive("Pascal VOC 2012", VOC_URL, VOC_MD5, Path(root).parent, done=images.is_dir)
 
 
 def build_train_aug(root: str) -> None:
     """Downloads SBD into ``<root>/SBD/`` and writes the ``train_aug`` masks and list into ``<root>/VOC2012/``."""
     voc, sbd_download = Path(root) / "VOC2012", Path(root) / "SBD"
-    fetch_archive("SBD (the train_aug masks)", SBD_URL, SBD_MD5, sbd_download)
-    sbd = sbd_download.joinpath(*_SBD_FOLDER)
+    listing = voc / "ImageSets" / "Segmentation" / "train_aug.txt"
+    with download_lock(root):
+        if not listing.is_file():  # another process of the run may have written it meanwhile
+            fetch_archive("SBD (the train_aug masks)", SBD_URL, SBD_MD5, sbd_download)
+            _write_train_aug(voc, sbd_download.joinpath(*_SBD_FOLDER), listing)
+
+
+def _write_train_aug(voc: Path, sbd: Path, listing: Path) -> None:
+    """Writes the masks of the train_aug images and, last, their list."""
     lists = voc / "ImageSets" / "Segmentation"
     sbd_ids = _ids(sbd / "train.txt") | _ids(sbd / "val.txt")
     ids = sorted((sbd_ids | _ids(lists / "train.txt")) - _ids(lists / "val.txt"))
@@ -60,7 +68,6 @@ def build_train_aug(root: str) -> None:
             with Image.open(voc / "SegmentationClass" / f"{image_id}.png") as mask:
                 labels = np.array(mask)  # palette indices are the class ids, 255 void
         Image.fromarray(labels.astype(np.uint8)).save(masks / f"{image_id}.png")
-    listing = lists / "train_aug.txt"
     tmp = listing.with_name(f"{listing.name}.tmp{os.getpid()}")
     tmp.write_text("".join(f"{image_id}\n" for image_id in ids))
     os.replace(tmp, listing)  # written last: the list's presence means the masks are complete

@@ -14,7 +14,9 @@ import pickle
 import tarfile
 import threading
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -34,8 +36,14 @@ from fedlight.errors import ConfigError
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
+    requests: ClassVar[list[str]] = []  # the paths asked for with GET, in order
+
     def log_message(self, format, *args):
         pass
+
+    def do_GET(self):
+        _QuietHandler.requests.append(self.path)
+        super().do_GET()
 
 
 @pytest.fixture
@@ -43,6 +51,7 @@ def server(tmp_path):
     """Serves ``tmp_path/served`` on a free loopback port; yields the folder and its base URL."""
     folder = tmp_path / "served"
     folder.mkdir()
+    _QuietHandler.requests.clear()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(folder)))
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -96,6 +105,25 @@ def test_mnist_downloads_from_its_mirror_and_checks_every_file(tmp_path, server,
     # a second load finds the files and needs no server
     monkeypatch.setattr(TorchvisionMNIST, "mirrors", ["http://127.0.0.1:9/"])
     assert len(MNIST(root=str(root), download=True).load_train()) == 20
+
+
+def test_processes_of_one_run_download_each_file_once(tmp_path, server, monkeypatch) -> None:
+    folder, url = server
+    images, resources = serve_mnist(folder)
+    monkeypatch.setattr(TorchvisionMNIST, "mirrors", [url])
+    monkeypatch.setattr(TorchvisionMNIST, "resources", resources)
+    MNIST(root=str(tmp_path / "alone"), download=True).load_train()
+    alone = sorted(_QuietHandler.requests)  # what one process asks the server for
+    _QuietHandler.requests.clear()
+
+    def load(_):
+        return MNIST(root=str(tmp_path / "together"), standardize=False, download=True).load_train().inputs
+
+    with ThreadPoolExecutor(max_workers=3) as pool:  # the lock is per open file, so threads contend like processes
+        pools = list(pool.map(load, range(3)))
+    assert sorted(_QuietHandler.requests) == alone, "three at once ask for what one alone does"
+    for inputs in pools:
+        torch.testing.assert_close(inputs[:, 0], torch.from_numpy(images).float() / 255)
 
 
 def test_mnist_download_failure_names_the_mirror_and_the_folder(tmp_path, closed_port, monkeypatch) -> None:
