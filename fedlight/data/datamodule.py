@@ -23,8 +23,11 @@ from typing import Literal
 
 import numpy as np
 import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import Dataset
 
 from fedlight.data.base import FederatedDataset, LabelledTensors, LazySamples
+from fedlight.data.datasets.torch_dataset import TorchDataset
 from fedlight.data.partition import Natural, Partitioner
 from fedlight.data.transforms import BatchTransform
 from fedlight.errors import ConfigError
@@ -34,7 +37,9 @@ class FederatedDataModule:
     """Partitions a dataset over clients and serves their batches.
 
     Args:
-        dataset: the labelled pool (``class_path`` of a :class:`~fedlight.data.base.FederatedDataset`).
+        dataset: the labelled pool: a :class:`~fedlight.data.base.FederatedDataset` by ``class_path``, or your
+            own map-style ``torch.utils.data.Dataset`` or ``LightningDataModule`` (``--data.dataset=mypkg.MyData``),
+            read through :class:`~fedlight.data.datasets.torch_dataset.TorchDataset`.
         partitioner: how the pool is split over clients. Default: the dataset's natural split
             (``Natural``), which needs per-sample client ids such as Synthetic's users.
         batch_size: local mini-batch size (10 in the prototype-margin paper's classification runs).
@@ -68,7 +73,7 @@ class FederatedDataModule:
 
     def __init__(
         self,
-        dataset: FederatedDataset,
+        dataset: FederatedDataset | Dataset | LightningDataModule,
         partitioner: Partitioner | None = None,
         batch_size: int = 10,
         test_fraction: float = 0.2,
@@ -80,6 +85,8 @@ class FederatedDataModule:
         return_index: bool = False,
         shuffle: Literal["every_round", "fixed"] = "every_round",
     ) -> None:
+        if not isinstance(dataset, FederatedDataset):
+            dataset = TorchDataset(dataset)
         problems = []
         if batch_size < 1:
             problems.append(f"Expected --data.batch_size ≥ 1, got {batch_size}.")
