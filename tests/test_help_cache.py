@@ -13,7 +13,11 @@ from fedlight import help_cache
 REPO = Path(__file__).resolve().parents[1]
 SHOW_IMPORTS = """
 import sys
+from pathlib import Path
+from fedlight import help_pages
 from fedlight.__main__ import main
+if not {shipped!r}:
+    help_pages.SHIPPED = Path("no-shipped-pages.json")
 try:
     main({args!r})
 finally:  # also after the parser's help, which exits
@@ -21,10 +25,11 @@ finally:  # also after the parser's help, which exits
 """
 
 
-def fedlight(args, cache, columns="100"):
+def fedlight(args, cache, columns="100", shipped=False):
+    """``fedlight <args>`` in a fresh process; by default without the shipped pages, so the cache is what serves."""
     env = dict(os.environ, FEDLIGHT_CACHE_DIR=str(cache), COLUMNS=columns)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    code = SHOW_IMPORTS.format(args=list(args))
+    code = SHOW_IMPORTS.format(args=list(args), shipped=shipped)
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
 
 
