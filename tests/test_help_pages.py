@@ -18,23 +18,42 @@ def parsers():
     return {"fedlight": parser, **parser._subcommands_action._name_parser_map}
 
 
-def test_the_shipped_pages_are_those_the_current_sources_record():
-    shipped = json.loads(help_pages.SHIPPED.read_text(encoding="utf-8"))
-    assert shipped == help_pages.record_all(), "stale help pages: run `python -m fedlight.help_pages`"
+@pytest.fixture(scope="module")
+def shipped():
+    return json.loads(help_pages.SHIPPED.read_text(encoding="utf-8"))
+
+
+def test_the_shipped_pages_were_recorded_from_the_current_sources(shipped):
+    assert shipped["sources"] == help_pages.sources_digest(), "stale help pages: run `python -m fedlight.help_pages`"
+
+
+def test_the_shipped_pages_are_the_parsers_where_they_are_served(shipped):
+    """Where this environment is the one the pages were recorded in, they are what the parser records now and
+    they are served; anywhere else (another Python, another jsonargparse) they are not served at all."""
+    recorded_here = {k: shipped[k] for k in ("format", "python", "versions")} == {
+        k: v for k, v in help_pages.installation().items() if k != "sources"
+    }
+    if recorded_here:
+        assert shipped == help_pages.record_all(), "stale help pages: run `python -m fedlight.help_pages`"
+        assert help_pages.shipped(["fit", "--help"]) is not None
+    else:
+        assert help_pages.shipped(["fit", "--help"]) is None
 
 
 @pytest.mark.parametrize("columns", WIDTHS)
 def test_a_replayed_page_is_the_parsers_page_at_every_width(parsers, monkeypatch, columns):
     monkeypatch.setenv("COLUMNS", columns)
-    shipped = json.loads(help_pages.SHIPPED.read_text(encoding="utf-8"))["pages"]
     for name in help_pages.PAGES:
-        assert help_pages.render(shipped[name]) == parsers[name].format_help(), name
+        page = help_pages.record(parsers[name])  # recorded at this width, replayed at it
+        assert help_pages.render(page) == page["page"] == parsers[name].format_help(), name
 
 
-def test_the_first_call_is_the_shipped_page_without_torch(tmp_path, parsers, monkeypatch):
+def test_the_first_call_is_the_recorded_page_without_torch(tmp_path, parsers, monkeypatch):
+    recorded = tmp_path / "help_pages.json"
+    recorded.write_text(json.dumps(help_pages.record_all()))  # as the package ships it
     monkeypatch.setenv("COLUMNS", "93")
     expected = parsers["fit"].format_help()
-    first = fedlight(["fit", "--help"], tmp_path / "empty-cache", columns="93", shipped=True)
+    first = fedlight(["fit", "--help"], tmp_path / "empty-cache", columns="93", shipped=str(recorded))
     assert first.returncode == 0 and first.stdout == expected
     assert first.stderr.strip() == "[]"  # neither torch, Lightning nor jsonargparse imported
     assert not (tmp_path / "empty-cache").exists()  # nothing had to be written
