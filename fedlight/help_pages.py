@@ -13,8 +13,9 @@ A page is served only for the installation it was recorded from: the same fedlig
 contents, so an edited module in an editable install is noticed), the same Python minor version (argparse's layout
 changes between them) and the same versions of the packages that write the text (jsonargparse, docstring-parser);
 otherwise the page is built by the parser and kept by :mod:`fedlight.help_cache`. ``tests/test_help_pages.py``
-checks that the shipped file is the one the current sources record, and that its replay equals the parser's page
-at several widths. After changing a signature or a docstring, record it again::
+checks that the shipped file was recorded from the current sources and, where it was recorded, that it is what
+the parser records now, and that a replay equals the parser's page at several widths. After changing any module,
+record the pages again (in the environment a release targets)::
 
     python -m fedlight.help_pages
 """
