@@ -233,14 +233,30 @@ class FederatedDataModule:
             batch = indices[start : start + self.eval_batch_size]
             yield _take(self.pool.inputs, batch, self.device), _take(self.pool.targets, batch, self.device)
 
-    def held_out_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Yields ``(x, y, client index)`` batches over every client's held-out split."""
-        for start in range(0, len(self.held_out_index), self.eval_batch_size):
-            batch = self.held_out_index[start : start + self.eval_batch_size]
+    def held_out_batches(
+        self, clients: torch.Tensor | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Yields ``(x, y, client index)`` batches over every client's held-out split, or over those of
+        ``clients`` only (sorted client indices), batched across clients all the same.
+
+        The split is ordered by client, so a client's samples are one slice of it and choosing ``clients``
+        costs in proportion to their samples, not to the population.
+        """
+        index, group = self.held_out_index, self.held_out_group
+        if clients is not None:
+            clients = clients.to(group.device)
+            starts = torch.searchsorted(group, clients)
+            lengths = torch.searchsorted(group, clients, right=True) - starts
+            # positions of the chosen samples: each client's start, plus 0…n_k−1 within its slice
+            offsets = torch.repeat_interleave(starts - (lengths.cumsum(0) - lengths), lengths)
+            positions = offsets + torch.arange(len(offsets), device=group.device)
+            index, group = index[positions], group[positions]
+        for start in range(0, len(index), self.eval_batch_size):
+            batch = index[start : start + self.eval_batch_size]
             yield (
                 _take(self.pool.inputs, batch, self.device),
                 _take(self.pool.targets, batch, self.device),
-                self.held_out_group[start : start + len(batch)],
+                group[start : start + len(batch)],
             )
 
     def test_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
