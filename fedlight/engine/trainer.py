@@ -64,6 +64,7 @@ from fedlight.engine.launch import (
 from fedlight.engine.local_fit import LocalTraining, all_finite
 from fedlight.engine.loggers import RunLoggers, wandb_login_problems
 from fedlight.engine.model import GlobalModel, prepare_module
+from fedlight.engine.personal import PersonalEvaluator
 from fedlight.engine.run_state import check_checkpoint, load_run_state, run_state
 from fedlight.engine.rundir import RunFolder, check_root, recorded_run_dir
 from fedlight.engine.setup import check_init_from, planned_rounds, prepare_data, rounds_left
@@ -159,6 +160,11 @@ class FederatedTrainer:
             gathered from all processes, so no process holds every client's whole state. Rules that need whole
             states read them at once whatever the budget, with a warning. ``trainer.gather_peak_nbytes`` reports
             the largest block of the last round.
+        client_state_budget_mb: for rules that keep per-client state (SCAFFOLD's control variates, FedBN's
+            BatchNorm, FedPer's head, Ditto's personal models), the most memory, in MiB, that the clients' states
+            kept in memory may take on a process. Every client's state is written to
+            ``<run_dir>/client_state/`` after its fit; the most recently used ones stay in memory too, so a run of
+            thousands of clients with model-sized states stays within this budget. 0 keeps none in memory.
         fail_fast: stop the run when a client's local fit raises an exception. By default such a client is left
             out of the round, counted in ``round/clients_failed``, its traceback written to
             ``<run_dir>/client_errors/round<r>_client<k>.txt`` and a warning printed; the run goes on unless every
@@ -202,6 +208,7 @@ class FederatedTrainer:
         max_update_ratio: float | None = 1000.0,
         rewind: bool = False,
         gather_budget_mb: float = 1024.0,
+        client_state_budget_mb: float = 1024.0,
         fail_fast: bool = False,
         rendezvous_timeout: float = 300.0,
     ) -> None:
@@ -213,7 +220,7 @@ class FederatedTrainer:
             accelerator, devices, num_nodes, start_method, precision, threads, channels_last, rendezvous_timeout
         )
         self.batching = BatchingSettings(client_batching, compile_batched)
-        self.guard_settings = GuardSettings(max_update_ratio, fail_fast, gather_budget_mb)
+        self.guard_settings = GuardSettings(max_update_ratio, fail_fast, gather_budget_mb, client_state_budget_mb)
         self.logging = LoggingSettings(
             Path(default_root_dir), name, loggers, wandb_project, wandb_entity, wandb_mode, wandb_group, wandb_tags,
             wandb_notes, enable_progress_bar,
@@ -402,6 +409,8 @@ class FederatedTrainer:
         fabric.call("on_fit_start", context)
         self.strategy.on_fit_start(context)
         self.model.setup_clusters(self.strategy)
+        budget = int(self.guard_settings.client_state_budget_mb * 2**20)
+        self.model.setup_client_states(self.strategy, context, self.run_dir / "client_state", budget)
         console = self._start_console()
         first = self.round
         metrics: dict[str, float] = self.history[-1] if self.history else {}
@@ -419,6 +428,7 @@ class FederatedTrainer:
                 return self._abandon(round_idx, start_state, metrics, first)
             if settings.evaluates_after(round_idx):
                 metrics.update(self.evaluator.evaluate(clients=True, test=True))
+                metrics.update(self.personal.evaluate())  # personalised rules: each client's own model
             self.round = round_idx + 1
             failure = call_callbacks(self.callbacks, "on_round_end", context, round_idx, metrics)
             metrics["round/time_s"] = time.perf_counter() - started
@@ -648,6 +658,7 @@ class FederatedTrainer:
         )
         self.aggregation = Aggregation(self.strategy, self.guard_settings.gather_budget_mb, rank)
         self.evaluator = Evaluator(self.model, self.datamodule, self.strategy, self.context, fabric)
+        self.personal = PersonalEvaluator(self.model, self.datamodule, self.strategy, self.context, fabric)
         self.run_loggers = RunLoggers(self.logging, rank)
 
     # -- checkpoints and logs ----------------------------------------------------------------------------
@@ -655,6 +666,8 @@ class FederatedTrainer:
         """Writes the whole run state atomically (rank 0 only)."""
         if self.fabric.global_rank == 0:
             ckpt_io.save_atomic(self._run_state(), path)
+            if self.model.client_states is not None:  # the files no checkpoint names any more
+                self.model.client_states.saved()
         self.fabric.barrier()
 
     def _run_state(self) -> dict[str, Any]:
