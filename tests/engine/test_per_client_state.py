@@ -10,7 +10,7 @@ from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Synthetic
 from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
-from fedlight.strategies import FedAvg
+from fedlight.strategies import FedAvg, FedPer
 from fedlight.testing import Kill, KillAfterRound
 
 ROUNDS = 4
@@ -142,6 +142,17 @@ def test_results_do_not_depend_on_the_memory_budget(tmp_path):
     assert roomy.model.client_states.peak_cache_nbytes > one_state
     torch.testing.assert_close(tight.global_state, roomy.global_state, rtol=0, atol=0)
     assert tight.history[-1]["clients/personal/acc"] == roomy.history[-1]["clients/personal/acc"]
+
+
+def test_a_rule_with_local_slots_only_trains_vectorised(tmp_path, capsys):
+    sequential = fit(tmp_path / "sequential", FedPer(head="net.head.*"))
+    vectorised = fit(tmp_path / "vectorised", FedPer(head="net.head.*"), client_batching=4)
+    assert "one after another" not in capsys.readouterr().out
+    torch.testing.assert_close(vectorised.global_state, sequential.global_state, rtol=1e-4, atol=1e-6)
+    one, other = states(sequential), states(vectorised)
+    assert one.keys() == other.keys()
+    for client in one:
+        torch.testing.assert_close(other[client]["local"], one[client]["local"], rtol=1e-4, atol=1e-6)
 
 
 def test_a_negative_budget_is_one_message_naming_the_flag(tmp_path):
