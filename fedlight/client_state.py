@@ -16,7 +16,10 @@ A client that has never trained starts from its slots' ``init``: the values of t
 **Storage.** Each client's state after a round is written to a file of its own in the run folder,
 ``client_state/<client>-<version>.pt`` (``version``: the number of rounds done once it was trained), and never
 rewritten. Memory keeps the most recently used states up to ``budget_bytes``, the least recently used
-dropped first, so a run of thousands of clients with model-sized states holds a bounded amount. An index
+dropped first, so a run of thousands of clients with model-sized states holds a bounded amount. They are rows of
+one buffer of ``budget_bytes``, reused as states come and go (its pages become resident as rows are first
+written): states allocated and freed one by one would let the allocator's free lists grow the process's
+resident memory to several times the budget. An index
 ``{client: version}``, the same on every process, names each client's current file; it is all a checkpoint
 holds of the store, so a resumed run reads the very states its checkpoint names, and files that neither the
 index nor the last two checkpoints name are deleted when a checkpoint is written.
@@ -116,7 +119,16 @@ class ClientStateStore:
         self.current: dict[str, torch.Tensor] | None = None
         self.cache_nbytes = 0  # bytes of the states kept in memory
         self.peak_cache_nbytes = 0
-        self._cache: OrderedDict[tuple[int, int], dict[str, torch.Tensor]] = OrderedDict()
+        self._offsets = {}  # each slot's place in a row of the buffer
+        offset = 0
+        for name, slot in self.slots.items():
+            self._offsets[name] = (offset, slot.numel)
+            offset += slot.numel
+        self._capacity = self.budget_bytes // max(4 * offset, 1)  # states the buffer holds
+        self._buffer: torch.Tensor | None = None  # [capacity, Σ numel] fp32, made at the first state kept
+        self._rows: OrderedDict[tuple[int, int], int] = OrderedDict()  # (client, version) → row, oldest first
+        self._free: list[int] = []  # rows given back
+        self._used = 0  # rows handed out so far (those above were never written: not resident)
         self._saved: list[dict[int, int]] = []  # the indices of the last two checkpoints
 
     @property
@@ -125,14 +137,15 @@ class ClientStateStore:
         return 4 * sum(slot.numel for slot in self.slots.values())
 
     def get(self, client: int) -> dict[str, torch.Tensor] | None:
-        """Client ``client``'s current state (CPU; read only), or ``None`` if it has not trained."""
+        """A copy of client ``client``'s current state (CPU), or ``None`` if it has not trained."""
         version = self.index.get(client)
         if version is None:
             return None
         key = (client, version)
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
+        if key in self._rows:
+            self._rows.move_to_end(key)
+            row = self._buffer[self._rows[key]]
+            return {name: row[offset : offset + numel].clone() for name, (offset, numel) in self._offsets.items()}
         values = torch.load(self._path(client, version), map_location="cpu", weights_only=True)
         self._remember(key, values)
         return values
@@ -142,7 +155,7 @@ class ClientStateStore:
         stored = self.get(client)
         if stored is None:
             return {name: slot.initial(start) for name, slot in self.slots.items()}
-        return {name: stored[name].to(start.device, copy=True) for name in self.slots}
+        return {name: stored[name].to(start.device) for name in self.slots}
 
     def load_into(self, values: Mapping[str, torch.Tensor], start: torch.Tensor) -> torch.Tensor:
         """``start`` with the local slots' entries replaced by ``values`` (a new tensor if any)."""
@@ -165,7 +178,7 @@ class ClientStateStore:
             assert values[name].numel() == slot.numel, (
                 f"slot {name} holds {slot.numel} values, got {values[name].numel()}"
             )
-        cpu = {name: values[name].detach().to("cpu", torch.float32).reshape(-1).clone() for name in self.slots}
+        cpu = {name: values[name].detach().to("cpu", torch.float32).reshape(-1) for name in self.slots}
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self._path(client, version)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
@@ -197,22 +210,31 @@ class ClientStateStore:
     def load_state_dict(self, state: Mapping[str, Mapping[int, int]]) -> None:
         self.index = {int(client): int(version) for client, version in state["index"].items()}
         self._saved = [dict(self.index)]  # the checkpoint it came from
-        self._cache.clear()
+        self._free += self._rows.values()
+        self._rows.clear()
         self.cache_nbytes = 0
 
     def _path(self, client: int, version: int) -> Path:
         return self.directory / f"{client}-{version}.pt"
 
     def _remember(self, key: tuple[int, int], values: dict[str, torch.Tensor]) -> None:
-        """Keeps ``values`` in memory, dropping the least recently used states beyond the budget."""
-        nbytes = sum(v.numel() * v.element_size() for v in values.values())
-        if nbytes > self.budget_bytes:
+        """Copies ``values`` into a row of the buffer, giving up the least recently used state if none is free."""
+        if self._capacity == 0:
             return
-        if key in self._cache:
-            self.cache_nbytes -= sum(v.numel() * v.element_size() for v in self._cache.pop(key).values())
-        self._cache[key] = values
-        self.cache_nbytes += nbytes
-        while self.cache_nbytes > self.budget_bytes:
-            _, dropped = self._cache.popitem(last=False)
-            self.cache_nbytes -= sum(v.numel() * v.element_size() for v in dropped.values())
+        if self._buffer is None:  # virtual memory: a row's pages become resident when it is first written
+            self._buffer = torch.empty(self._capacity, sum(numel for _, numel in self._offsets.values()))
+        if key in self._rows:
+            row = self._rows[key]
+            self._rows.move_to_end(key)
+        elif self._free:
+            row = self._rows[key] = self._free.pop()
+        elif self._used < self._capacity:
+            row = self._rows[key] = self._used
+            self._used += 1
+        else:
+            _, row = self._rows.popitem(last=False)
+            self._rows[key] = row
+        for name, (offset, numel) in self._offsets.items():
+            self._buffer[row, offset : offset + numel] = values[name]
+        self.cache_nbytes = len(self._rows) * self._buffer.shape[1] * 4
         self.peak_cache_nbytes = max(self.peak_cache_nbytes, self.cache_nbytes)
