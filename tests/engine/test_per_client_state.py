@@ -2,6 +2,9 @@
 fit leaves; the state survives a kill and resume bit for bit, does not depend on the memory budget, and gives each
 client's own model to the personal evaluation. (One and two processes: ``test_per_client_state_processes.py``.)"""
 
+import os
+import signal
+
 import pytest
 import torch
 
@@ -9,7 +12,7 @@ from fedlight.client_state import Slot
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Synthetic
 from fedlight.engine.trainer import FederatedTrainer
-from fedlight.errors import ConfigError
+from fedlight.errors import ConfigError, RunInterrupted
 from fedlight.strategies import FedAvg, FedPer
 from fedlight.testing import Kill, KillAfterRound
 
@@ -158,3 +161,32 @@ def test_a_rule_with_local_slots_only_trains_vectorised(tmp_path, capsys):
 def test_a_negative_budget_is_one_message_naming_the_flag(tmp_path):
     with pytest.raises(ConfigError, match="client_state_budget_mb"):
         FederatedTrainer(client_state_budget_mb=-1, logger=None, default_root_dir=tmp_path)
+
+
+class StoppedInRound(Tally):
+    """Tally that asks the run to stop (SIGINT, as Ctrl-C) once the first client of round ``round_idx`` trained."""
+
+    def __init__(self, round_idx):
+        super().__init__()
+        self.stop_round = round_idx
+
+    def on_client_fit_end(self, context, module, update):
+        super().on_client_fit_end(context, module, update)
+        if context.round == self.stop_round:
+            self.stop_round = None
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_round_stopped_after_a_client_trained_resumes_with_the_states_it_started_from(tmp_path):
+    reference = fit(tmp_path / "reference", Tally(), checkpoint_every=10)
+    with pytest.raises(RunInterrupted) as err:  # round 3 dropped: its first client's new state is not kept
+        fit(tmp_path / "stopped", StoppedInRound(2), checkpoint_every=10)
+    assert err.value.dropped and err.value.round == 2
+    resumed = fit(tmp_path / "stopped", StoppedInRound(-1), checkpoint_every=10, ckpt_path=err.value.checkpoint)
+    torch.testing.assert_close(resumed.global_state, reference.global_state, rtol=0, atol=0)
+    assert timeless(resumed.history) == timeless(reference.history)
+    expected, got = states(reference), states(resumed)
+    assert expected.keys() == got.keys()
+    for client in expected:
+        for name in expected[client]:
+            torch.testing.assert_close(got[client][name], expected[client][name], rtol=0, atol=0)
