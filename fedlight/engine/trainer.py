@@ -554,6 +554,10 @@ class FederatedTrainer:
                 scored = f"{ckpt_path}, the global model of round {self.round}{of}"
             print(f"fedlight: scoring {scored} on {what}")
         metrics = scalar_metrics(self.evaluator.evaluate(clients=clients, test=not clients))
+        if clients and strategy.personalised and self.run_dir is not None:  # and each client's own model
+            budget = int(self.guard_settings.client_state_budget_mb * 2**20)
+            self.model.setup_client_states(strategy, self.context, self.run_dir / "client_state", budget)
+            metrics.update(scalar_metrics(self.personal.evaluate()))
         if self.fabric.global_rank == 0:
             print(format_scores(metrics))
         return metrics

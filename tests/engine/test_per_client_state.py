@@ -190,3 +190,12 @@ def test_a_round_stopped_after_a_client_trained_resumes_with_the_states_it_start
     for client in expected:
         for name in expected[client]:
             torch.testing.assert_close(got[client][name], expected[client][name], rtol=0, atol=0)
+
+
+def test_validating_a_checkpoint_scores_each_clients_own_model_too(tmp_path):
+    trainer = fit(tmp_path, Tally(), checkpoint_every=ROUNDS)
+    checkpoint = trainer.run_dir / "checkpoints" / "last.ckpt"
+    evaluator = FederatedTrainer(clients_per_round=4, logger=None, enable_progress_bar=False, default_root_dir=tmp_path)
+    metrics = evaluator.validate(model(seed=1), data(), Tally(), ckpt_path=checkpoint)
+    for name in ("acc", "acc_min", "loss"):
+        assert metrics[f"clients/personal/{name}"] == trainer.history[-1][f"clients/personal/{name}"], name
