@@ -49,6 +49,7 @@ RESUMABLE_KEYS = (
     "trainer.fail_fast",
     "trainer.rendezvous_timeout",
     "trainer.gather_budget_mb",
+    "trainer.client_state_budget_mb",
     "ckpt_path",
     "config",
 )

@@ -13,6 +13,7 @@ this is a sign that the work belongs in the engine.
 ``bank``                  the :class:`~fedlight.bank.ModelBank`; ``global_state`` is its W^t
 ``global_module()``       the resident module with W^t loaded, in eval mode
 ``datamodule``            the federated data (``client_batches``, ``num_samples``, …)
+``client_state``          during a client's fit, its own slots (rules that keep per-client state)
 ``precision``             Fabric's precision plugin (``convert_input``, ``forward_context``)
 ``rank``, ``world_size``  this process and the number of processes; ``device``
 ``round_rng``, …          the derived random streams (``strategy_rng``, ``client_seed``)
@@ -122,6 +123,19 @@ class RunContext:
         return self._engine.datamodule
 
     @property
+    def client_state(self) -> dict[str, torch.Tensor]:
+        """The slots of the client in training (``Strategy.client_state_slots``), by name, on the training device.
+
+        Valid from ``on_client_fit_start`` to ``on_client_fit_end``: a rule reads its vector slots and replaces
+        them with new tensors of the same size; the engine keeps what the dict holds when the fit ends (and the
+        local slots' entries of the trained state).
+        """
+        store = self._engine.model.client_states
+        if store is None or store.current is None:
+            raise RuntimeError("context.client_state is read outside a local fit, or the rule declares no slots")
+        return store.current
+
+    @property
     def precision(self) -> Precision:
         return self._engine.fabric.strategy.precision
 
@@ -176,16 +190,24 @@ class RunContext:
         return self.all_reduce(out)
 
     def local_train(
-        self, client: int, epochs: int, seed: int, module: LightningModule | None = None, full_batches: bool = True
+        self,
+        client: int,
+        epochs: int,
+        seed: int,
+        module: LightningModule | None = None,
+        full_batches: bool = True,
+        loss: Callable[[LightningModule, Any, dict[str, torch.Tensor]], torch.Tensor] | None = None,
     ) -> int:
         """Trains ``module`` (the resident one by default) on a client's data with the engine's loop.
 
         A fresh optimizer from ``configure_optimizers``, ``epochs`` epochs of the client's batches shuffled
-        from ``seed`` (which also seeds dropout), the task loss of ``training_step`` alone. With
-        ``full_batches`` an epoch's short last batch is skipped, unless it is all the client has. For
-        warm-ups before the first round (FedSLS's static weights); returns the number of steps.
+        from ``seed`` (which also seeds dropout), the task loss of ``training_step`` or ``loss(module, batch,
+        outputs)``. With ``full_batches`` an epoch's short last batch is skipped, unless it is all the client
+        has. For warm-ups before the first round (FedSLS's static weights) and for a second training inside a
+        client's fit (FedRep's head epochs, Ditto's personal model); returns the number of steps.
         """
-        return self._engine.training.train_outside_rounds(module or self.module, client, epochs, seed, full_batches)
+        training = self._engine.training
+        return training.train_outside_rounds(module or self.module, client, epochs, seed, full_batches, loss)
 
     # -- randomness ------------------------------------------------------------------------------------
     def round_rng(self, round_idx: int) -> np.random.Generator:

@@ -12,7 +12,7 @@ import signal
 
 import numpy as np
 import torch
-from torchmetrics import MeanMetric, Metric
+from torchmetrics import Metric
 
 from fedlight.callbacks.base import RoundCallback
 from fedlight.clients.base import FederatedClient
@@ -66,17 +66,23 @@ class ClientImages(FederatedDataset):
 
 
 class MeanSquaredError(Metric):
-    """Mean of the per-sample losses (and a constant 0 accuracy, so the trainer's keys exist)."""
+    """Mean of the per-sample losses (and a constant 0 accuracy, so the trainer's keys exist).
+
+    Its sums are its own states, so that ``reset`` (the engine reuses a metric from one evaluation to the next)
+    clears them; a ``MeanMetric`` held inside would keep accumulating across evaluations.
+    """
 
     def __init__(self) -> None:
         super().__init__()
-        self.inner = MeanMetric()
+        self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, loss: torch.Tensor, **_) -> None:
-        self.inner.update(loss)
+        self.total += loss.detach().double().sum()
+        self.count += loss.numel()
 
     def compute(self) -> dict[str, torch.Tensor]:
-        return {"loss": self.inner.compute(), "acc": torch.tensor(0.0)}
+        return {"loss": (self.total / self.count).float(), "acc": torch.tensor(0.0)}
 
 
 class ScalarClient(FederatedClient):

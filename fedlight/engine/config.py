@@ -165,9 +165,15 @@ class GuardSettings:
     max_update_ratio: float | None
     fail_fast: bool
     gather_budget_mb: float
+    client_state_budget_mb: float = 1024.0
 
     def problems(self) -> list[str]:
         problems = []
+        if not self.client_state_budget_mb >= 0:
+            problems.append(
+                f"Expected --trainer.client_state_budget_mb ≥ 0 (MiB of the clients' own states kept in memory), got "
+                f"{self.client_state_budget_mb}; 0 reads every state from its file in the run folder."
+            )
         if self.max_update_ratio is not None and not self.max_update_ratio > 0:
             problems.append(
                 f"Expected --trainer.max_update_ratio > 0 (or null to accept any update), got {self.max_update_ratio}."

@@ -102,6 +102,8 @@ class RoundFits:
             if strategy.gather_states:  # who holds which state; the states stay where they are
                 states.owners = all_gather_objects(sorted(states.own), fabric.world_size)
         updates.sort(key=lambda u: u.client)
+        if model.client_states is not None:  # every process learns which clients' new states count
+            model.client_states.commit([u.client for u in updates if u.finite], round_idx + 1)
         return updates, sums, states, integers
 
     def cluster_of(self, client: int) -> int | None:
@@ -189,22 +191,28 @@ class RoundFits:
     def _fit_vectorised(self, round_idx: int, plans: list[ClientPlan]) -> Iterator[Fit]:
         """The local fits of ``plans`` as one vectorised model; each client draws the batches it would alone."""
         training, model = self.training, self.model
-        module = model.module
-        starts, batches = [], []
+        module, store = model.module, model.client_states
+        starts, batches, owns = [], [], []
         for plan in plans:
             seed = training.streams.client_seed(round_idx, plan.client)
             generator = torch.Generator().manual_seed(seed)  # batch order
-            start = model.member(self.cluster_of(plan.client))
-            starts.append(self.strategy.initial_state(training.context, plan, start))
+            start = self.strategy.initial_state(training.context, plan, model.member(self.cluster_of(plan.client)))
+            if store is not None:  # local slots only: a rule with vector slots has client hooks, never vectorised
+                owns.append(store.values(plan.client, start))
+                start = store.load_into(owns[-1], start)
+            starts.append(start)
             batches.append(list(training.batches(plan, generator)))
         model.train_mode()
         num_steps = max(len(b) for b in batches)
         module.local_fit = training.local_fit(round_idx, num_steps)
         make_optimizer = optimizer_factory(module.configure_optimizers())
         results = self.vectorised.run(starts, batches, make_optimizer)
-        for plan, (loss_sum, steps, state) in zip(plans, results, strict=True):
+        for i, (plan, (loss_sum, steps, state)) in enumerate(zip(plans, results, strict=True)):
             update = training.update(plan, loss_sum, steps)
             update.finite = math.isfinite(update.train_loss) and all_finite(state)
+            if store is not None:
+                store.take_back(owns[i], state)
+                store.put(plan.client, round_idx + 1, owns[i])
             yield update, state
 
 

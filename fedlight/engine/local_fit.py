@@ -78,7 +78,12 @@ class LocalTraining:
         seed_torch(seed, self.fabric.device)  # dropout and any other draw inside the step
         generator = torch.Generator().manual_seed(seed)  # batch order
 
-        self.model.load(strategy.initial_state(context, plan, start))
+        store = self.model.client_states
+        start = strategy.initial_state(context, plan, start)
+        if store is not None:  # the client's own slots, over the state it receives
+            store.current = own = store.values(plan.client, start)
+            start = store.load_into(own, start)
+        self.model.load(start)
         self.model.train_mode()
         num_steps = self.settings.local_steps or plan.epochs * self.datamodule.num_batches(plan.client)
         module.local_fit = self.local_fit(round_idx, num_steps)
@@ -94,8 +99,13 @@ class LocalTraining:
             strategy.on_client_fit_end(context, module, update)
         finally:
             module.teachers = {}
+            if store is not None:
+                store.current = None
         state = self.model.layout.flatten(module)
         update.finite = math.isfinite(update.train_loss) and all_finite(state)
+        if store is not None:  # kept once the round commits it (a client left out of the aggregate keeps its old)
+            store.take_back(own, state)
+            store.put(plan.client, round_idx + 1, own)
         return update, state
 
     def local_fit(self, round_idx: int, num_steps: int) -> LocalFit:
@@ -166,9 +176,16 @@ class LocalTraining:
         return self._compiled
 
     def train_outside_rounds(
-        self, module: FederatedClient, client: int, epochs: int, seed: int, full_batches: bool
+        self,
+        module: FederatedClient,
+        client: int,
+        epochs: int,
+        seed: int,
+        full_batches: bool,
+        loss_fn: LossFn | None = None,
     ) -> int:
-        """A client's local training outside the rounds (see :meth:`RunContext.local_train`); returns its steps."""
+        """A client's local training outside the rounds' own fit (see :meth:`RunContext.local_train`), with the task
+        loss or ``loss_fn(module, batch, outputs)``; returns its steps."""
         seed_torch(seed, self.fabric.device)
         generator = torch.Generator().manual_seed(seed)
         self.model.train_mode(module)
@@ -182,7 +199,8 @@ class LocalTraining:
                         yield batch
 
         optimizers, schedulers = optimizers_and_schedulers(module.configure_optimizers())
-        _, steps = self.train_steps(module, optimizers, schedulers, batches(), lambda m, b, out: out["loss"])
+        loss_fn = loss_fn or (lambda m, b, out: out["loss"])
+        _, steps = self.train_steps(module, optimizers, schedulers, batches(), loss_fn)
         return steps
 
     def batches(self, plan: ClientPlan, generator: torch.Generator) -> Iterator[Any]:

@@ -3,7 +3,8 @@
 One module per process serves every client it trains and every evaluation: a local fit loads the client's
 starting state into it, an evaluation loads W^t. :class:`GlobalModel` keeps the two together with what
 describes them: the federated layout, the model bank (W^t and any cluster members), the integer buffers
-(BatchNorm's step counters) and the frozen parts, which are loaded once and never change.
+(BatchNorm's step counters), the frozen parts, which are loaded once and never change, and the clients' own
+state for rules that keep one (:mod:`fedlight.client_state`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import torch
 
 from fedlight import checkpoint as ckpt_io
 from fedlight.bank import ModelBank, cluster_entry_names
+from fedlight.client_state import ClientStateStore
 from fedlight.errors import ConfigError
 from fedlight.state import FlatState, freeze_modes, freeze_parameters
 
 if TYPE_CHECKING:
     from fedlight.clients.base import FederatedClient
+    from fedlight.context import RunContext
     from fedlight.data.datamodule import FederatedDataModule
     from fedlight.strategies.base import Strategy
 
@@ -45,6 +48,9 @@ class GlobalModel:
         self.integers = layout.integers(module)
         self.frozen_state = layout.frozen_state(module)
         self.pending_bank: dict[str, torch.Tensor] | None = None  # a checkpoint's clusters, until the bank has them
+        #: every trained client's own state, for rules that declare one
+        self.client_states: ClientStateStore | None = None
+        self.pending_client_states: dict[str, Any] | None = None  # a checkpoint's, until the store exists
 
     @property
     def global_state(self) -> torch.Tensor:
@@ -96,12 +102,27 @@ class GlobalModel:
             self.bank.load_state_dict(self.pending_bank)
         log.info("%d clusters keep their own %d of %d entries", num_clusters, len(names), len(self.layout.entries))
 
+    def setup_client_states(self, strategy: Strategy, context: RunContext, directory: Path, budget_bytes: int) -> None:
+        """Gives the run a store of the clients' own state when the strategy declares one (after its
+        ``on_fit_start``), with the index of a checkpoint being resumed."""
+        slots = strategy.client_state_slots(context)
+        if not slots or self.client_states is not None:
+            return
+        self.client_states = ClientStateStore(slots, directory, budget_bytes)
+        if self.pending_client_states is not None:
+            self.client_states.load_state_dict(self.pending_client_states)
+        store = self.client_states
+        log.info("clients keep %s of their own (%d bytes each)", sorted(slots), store.client_nbytes)
+
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the model: W^t with its integer buffers, the frozen parts, the clusters."""
+        """What a checkpoint keeps of the model: W^t with its integer buffers, the frozen parts, the clusters and
+        the index of the clients' own states."""
+        store = self.client_states
         return {
             "global_state": self.layout.to_state_dict(self.global_state, self.integers),
             "frozen_state": self.frozen_state,  # once: the same in every round
             "bank": self.bank.state_dict() if self.bank.num_clusters else None,
+            "client_states": store.state_dict() if store is not None else self.pending_client_states,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -113,6 +134,9 @@ class GlobalModel:
             self.module.load_state_dict(frozen, strict=False)
         self.frozen_state = frozen
         self.pending_bank = state.get("bank")
+        self.pending_client_states = state.get("client_states")
+        if self.client_states is not None and self.pending_client_states is not None:
+            self.client_states.load_state_dict(self.pending_client_states)
 
     def checkpoint_problems(self, state: dict[str, Any]) -> list[str]:
         """Why a checkpoint's model cannot be loaded into this one (other parameters or frozen parts)."""

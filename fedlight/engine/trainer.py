@@ -67,6 +67,7 @@ from fedlight.engine.launch import (
 from fedlight.engine.local_fit import LocalTraining, all_finite
 from fedlight.engine.loggers import RunLoggers, wandb_login_problems
 from fedlight.engine.model import GlobalModel, prepare_module
+from fedlight.engine.personal import PersonalEvaluator
 from fedlight.engine.run_state import check_checkpoint, load_run_state, run_state
 from fedlight.engine.rundir import RunFolder, check_root, recorded_run_dir
 from fedlight.engine.setup import check_init_from, planned_rounds, prepare_data, rounds_left
@@ -180,6 +181,11 @@ class FederatedTrainer:
             gathered from all processes, so no process holds every client's whole state. Rules that need whole
             states read them at once whatever the budget, with a warning. ``trainer.gather_peak_nbytes`` reports
             the largest block of the last round.
+        client_state_budget_mb: for rules that keep per-client state (SCAFFOLD's control variates, FedBN's
+            BatchNorm, FedPer's head, Ditto's personal models), the most memory, in MiB, that the clients' states
+            kept in memory may take on a process. Every client's state is written to
+            ``<run_dir>/client_state/`` after its fit; the most recently used ones stay in memory too, so a run of
+            thousands of clients with model-sized states stays within this budget. 0 keeps none in memory.
         fail_fast: stop the run when a client's local fit raises an exception. By default such a client is left
             out of the round, counted in ``round/clients_failed``, its traceback written to
             ``<run_dir>/client_errors/round<r>_client<k>.txt`` and a warning printed; the run goes on unless every
@@ -226,6 +232,7 @@ class FederatedTrainer:
         max_update_ratio: float | None = 1000.0,
         rewind: bool = False,
         gather_budget_mb: float = 1024.0,
+        client_state_budget_mb: float = 1024.0,
         fail_fast: bool = False,
         rendezvous_timeout: float = 300.0,
     ) -> None:
@@ -238,7 +245,7 @@ class FederatedTrainer:
         )
         self.evaluation = EvaluationSettings(eval_clients, full_eval_every)
         self.batching = BatchingSettings(client_batching, compile_batched, compile_steps)
-        self.guard_settings = GuardSettings(max_update_ratio, fail_fast, gather_budget_mb)
+        self.guard_settings = GuardSettings(max_update_ratio, fail_fast, gather_budget_mb, client_state_budget_mb)
         self.logging = LoggingSettings(
             Path(default_root_dir), name, loggers, wandb_project, wandb_entity, wandb_mode, wandb_group, wandb_tags,
             wandb_notes, enable_progress_bar,
@@ -428,6 +435,8 @@ class FederatedTrainer:
         fabric.call("on_fit_start", context)
         self.strategy.on_fit_start(context)
         self.model.setup_clusters(self.strategy)
+        budget = int(self.guard_settings.client_state_budget_mb * 2**20)
+        self.model.setup_client_states(self.strategy, context, self.run_dir / "client_state", budget)
         console = self._start_console()
         first = self.round
         metrics: dict[str, float] = self.history[-1] if self.history else {}
@@ -446,6 +455,7 @@ class FederatedTrainer:
             if settings.evaluates_after(round_idx):
                 sample = self.evaluator.sample(round_idx, self.rounds)  # None: every client's split
                 metrics.update(self.evaluator.evaluate(clients=True, test=True, sample=sample))
+                metrics.update(self.personal.evaluate())  # personalised rules: each client's own model
             self.round = round_idx + 1
             failure = call_callbacks(self.callbacks, "on_round_end", context, round_idx, metrics)
             metrics["round/time_s"] = time.perf_counter() - started
@@ -571,6 +581,10 @@ class FederatedTrainer:
                 scored = f"{ckpt_path}, the global model of round {self.round}{of}"
             print(f"fedlight: scoring {scored} on {what}")
         metrics = scalar_metrics(self.evaluator.evaluate(clients=clients, test=not clients))
+        if clients and strategy.personalised and self.run_dir is not None:  # and each client's own model
+            budget = int(self.guard_settings.client_state_budget_mb * 2**20)
+            self.model.setup_client_states(strategy, self.context, self.run_dir / "client_state", budget)
+            metrics.update(scalar_metrics(self.personal.evaluate()))
         if self.fabric.global_rank == 0:
             print(format_scores(metrics))
         return metrics
@@ -679,6 +693,7 @@ class FederatedTrainer:
             self.model, self.datamodule, self.strategy, self.context, fabric,
             EvaluationSettings() if evaluating else self.evaluation, self.streams,
         )  # fmt: skip
+        self.personal = PersonalEvaluator(self.model, self.datamodule, self.strategy, self.context, fabric)
         self.run_loggers = RunLoggers(self.logging, rank)
 
     # -- checkpoints and logs ----------------------------------------------------------------------------
@@ -686,6 +701,8 @@ class FederatedTrainer:
         """Writes the whole run state atomically (rank 0 only)."""
         if self.fabric.global_rank == 0:
             ckpt_io.save_atomic(self._run_state(), path)
+            if self.model.client_states is not None:  # the files no checkpoint names any more
+                self.model.client_states.saved()
         self.fabric.barrier()
 
     def _run_state(self) -> dict[str, Any]:

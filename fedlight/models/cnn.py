@@ -21,9 +21,13 @@ class CNN(nn.Module):
         input_shape: ``(channels, height, width)``; height and width must be divisible by 4.
         num_classes: number of logits.
         hidden: width of the dense layer before the classifier (256 in the papers).
+        batch_norm: a BatchNorm after each convolution, before its ReLU (for rules that treat BatchNorm apart,
+            such as FedBN); the papers' model has none.
     """
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: int = 256) -> None:
+    def __init__(
+        self, input_shape: tuple[int, ...], num_classes: int, hidden: int = 256, batch_norm: bool = False
+    ) -> None:
         super().__init__()
         if len(input_shape) != 3 or input_shape[1] % 4 or input_shape[2] % 4:
             raise ConfigError(
@@ -33,9 +37,11 @@ class CNN(nn.Module):
         channels, height, width = input_shape
         self.encoder = nn.Sequential(
             nn.Conv2d(channels, 32, kernel_size=5, padding=2),
+            *([nn.BatchNorm2d(32)] if batch_norm else []),
             nn.ReLU(),
             nn.MaxPool2d(2),
             nn.Conv2d(32, 64, kernel_size=5, padding=2),
+            *([nn.BatchNorm2d(64)] if batch_norm else []),
             nn.ReLU(),
             nn.MaxPool2d(2),
             nn.Flatten(),  # [B, 64 · H/4 · W/4]

@@ -20,14 +20,23 @@ class MLP(nn.Module):
         input_shape: shape of one sample; it is flattened.
         num_classes: number of logits.
         hidden: widths of the hidden layers. The paper's Synthetic model is ``(128, 256)``.
+        batch_norm: a BatchNorm after every hidden linear layer, before its ReLU (for rules that treat
+            BatchNorm apart, such as FedBN); the paper's model has none.
     """
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: Sequence[int] = (128, 256)) -> None:
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        hidden: Sequence[int] = (128, 256),
+        batch_norm: bool = False,
+    ) -> None:
         super().__init__()
         widths = [math.prod(input_shape), *hidden]
         layers: list[nn.Module] = [nn.Flatten()]
         for width_in, width_out in pairwise(widths):
-            layers += [nn.Linear(width_in, width_out), nn.ReLU()]
+            norm = [nn.BatchNorm1d(width_out)] if batch_norm else []
+            layers += [nn.Linear(width_in, width_out), *norm, nn.ReLU()]
         self.encoder = nn.Sequential(*layers)
         self.head = nn.Linear(widths[-1], num_classes)
         self.num_features = widths[-1]

@@ -3,46 +3,58 @@
 from fedlight.strategies.attacks import Attack
 from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
 from fedlight.strategies.clustered_fedavg import ClusteredFedAvg
+from fedlight.strategies.ditto import Ditto
 from fedlight.strategies.dp import DPFedAvg
 from fedlight.strategies.fairness import Fairness
 from fedlight.strategies.fedatt import FedAtt
 from fedlight.strategies.fedau import FedAU
 from fedlight.strategies.fedavg import FedAvg
 from fedlight.strategies.fedavgm import FedAvgM
+from fedlight.strategies.fedbn import FedBN
 from fedlight.strategies.fedcc import FedCC
 from fedlight.strategies.fedcc_moon import FedCCMOON
 from fedlight.strategies.fedcc_prox import FedCCProx
 from fedlight.strategies.feddecorr import FedDecorr
+from fedlight.strategies.feddyn import FedDyn
 from fedlight.strategies.fednova import FedNova
+from fedlight.strategies.fedper import FedPer
 from fedlight.strategies.fedproto import FedProto
 from fedlight.strategies.fedprox import FedProx
+from fedlight.strategies.fedrep import FedRep
 from fedlight.strategies.fedsl import FedSL
 from fedlight.strategies.fedsls import FedSLS
 from fedlight.strategies.ladd import LADD
 from fedlight.strategies.moon import MOON
 from fedlight.strategies.robust import RobustAggregation
+from fedlight.strategies.scaffold import SCAFFOLD
 from fedlight.strategies.wrapper import RuleWrapper
 
 __all__ = [
     "LADD",
     "MOON",
+    "SCAFFOLD",
     "Attack",
     "ClientPlan",
     "ClientUpdate",
     "ClusteredFedAvg",
     "DPFedAvg",
+    "Ditto",
     "Fairness",
     "FedAU",
     "FedAtt",
     "FedAvg",
     "FedAvgM",
+    "FedBN",
     "FedCC",
     "FedCCMOON",
     "FedCCProx",
     "FedDecorr",
+    "FedDyn",
     "FedNova",
+    "FedPer",
     "FedProto",
     "FedProx",
+    "FedRep",
     "FedSL",
     "FedSLS",
     "RobustAggregation",

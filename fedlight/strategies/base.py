@@ -4,11 +4,13 @@ The trainer's round loop fires the hooks below by name, in this order; ``ctx`` i
 :class:`~fedlight.context.RunContext`::
 
     on_fit_start(ctx)                                once, before the first round (also after a resume)
+    client_state_slots(ctx)                          once: the per-client state the rule keeps, if any
     sample_clients                                   server, start of round t
     on_round_start(ctx, t, plans)                    server
     for each client k that trains:                   on the rank that hosts k
         initial_state(ctx, plan, W)                  server → client: the state k starts from (W is W^t,
-                                                     or its cluster's member of the bank)
+                                                     or its cluster's member of the bank), then k's local
+                                                     slots written over it
         client_teachers(ctx, plan)                   frozen models handed to the client's loss
         on_client_fit_start(ctx, module, plan)       client, after the state is loaded
         transform_batch(ctx, client, batch)          client, every local batch as it is drawn
@@ -46,6 +48,14 @@ entries average over all of the round's clients and cluster entries within each 
 name splits in ``routed_splits`` also get the metrics of every evaluation sample scored by the member
 :meth:`route` picks (``…/routed/<metric>`` beside the global model's ``…/<metric>``).
 
+**Per-client state.** A rule that keeps something of every client across rounds (a control variate, local
+BatchNorm or head entries, a personal model) returns named :class:`~fedlight.client_state.Slot` s from
+:meth:`client_state_slots`. Local slots are written into the state the client starts from and taken back
+from its trained state; the rule reads and replaces vector slots in ``context.client_state`` during the
+client's fit. The engine keeps them for every client that trained, bounded in memory and on disk in the run
+folder, in the checkpoint and across processes (see :mod:`fedlight.client_state`). A ``personalised`` rule's
+clients are also evaluated with their own model (:meth:`personal_state`) on their own held-out split.
+
 **Teachers.** :meth:`client_teachers` hands frozen auxiliary models (a fixed distillation teacher, a
 cluster's running-average teacher, MOON's encoders) to the client module as ``module.teachers`` for the
 length of its local fit, so the client's own ``training_step`` uses them in its loss. The strategy owns
@@ -73,6 +83,7 @@ if TYPE_CHECKING:
     from lightning import LightningModule
     from torch import nn
 
+    from fedlight.client_state import Slot
     from fedlight.context import RunContext
 
 
@@ -100,6 +111,8 @@ class Strategy:
     reset_unsampled_clusters: bool = False
     #: Evaluation splits (``clients``, ``test``) whose samples are also scored by their routed bank member.
     routed_splits: tuple[str, ...] = ()
+    #: Each client has a model of its own (:meth:`personal_state`), scored on its held-out split (``clients/personal``).
+    personalised: bool = False
     #: The rule's paper settings, used where the constructor gets ``None``.
     default_tolerate_stragglers: bool = False
     default_sampling: Literal["proportional", "uniform"] = "proportional"
@@ -127,6 +140,21 @@ class Strategy:
 
     def on_fit_start(self, context: RunContext) -> None:
         """Called once before the first round (also after a resume)."""
+
+    def client_state_slots(self, context: RunContext) -> Mapping[str, Slot]:
+        """The per-client state the rule keeps for every client that trains, by name (none by default).
+
+        Read once, after :meth:`on_fit_start`. See :mod:`fedlight.client_state` for the two kinds of slot.
+        """
+        return {}
+
+    def personal_state(
+        self, context: RunContext, client: int, values: Mapping[str, torch.Tensor], start: torch.Tensor
+    ) -> torch.Tensor:
+        """For ``personalised`` rules: the ``[P]`` state of client ``client``'s own model, from its slots ``values``
+        (their ``init`` for a client that has not trained yet); ``start`` is W^t with the client's local slots,
+        which is the default."""
+        return start
 
     def on_round_start(self, context: RunContext, round_idx: int, plans: list[ClientPlan]) -> None:
         """Called on every rank before any client of the round trains."""

@@ -7,7 +7,9 @@ not depend on its batch order. The rules differ in how they combine the results,
 clients, change a lone client's result, depend on the order of the clients or lose anything across a
 checkpoint. Wrappers around a rule (robust aggregation, attacks, differential privacy) are held to what they
 promise: none depends on the order of the clients or loses anything across a checkpoint, and a wrapper with
-nothing to do (no outlier to reject, no noise, a clip it never reaches) is the rule it wraps. The rules that
+nothing to do (no outlier to reject, no noise, a clip it never reaches) is the rule it wraps. Rules that keep
+per-client state (SCAFFOLD, FedDyn, FedBN, FedPer, FedRep, Ditto) read it through the engine during a fit, so they
+run on the CNN only; FedBN's CNN has BatchNorm layers. The rules that
 train their own kind of client (FedCC's centroids, clustered and LADD's cluster banks) have their tester in
 ``test_invariants_clustered.py``.
 """
@@ -20,17 +22,23 @@ from fedlight.data import FederatedDataModule
 from fedlight.engine.trainer import FederatedTrainer
 from fedlight.strategies import (
     MOON,
+    SCAFFOLD,
     Attack,
+    Ditto,
     DPFedAvg,
     Fairness,
     FedAtt,
     FedAU,
     FedAvg,
     FedAvgM,
+    FedBN,
     FedDecorr,
+    FedDyn,
     FedNova,
+    FedPer,
     FedProto,
     FedProx,
+    FedRep,
     FedSL,
     FedSLS,
     RobustAggregation,
@@ -58,6 +66,12 @@ IMAGE_STRATEGIES = {
     "fednova": FedNova,
     "fedau": FedAU,
     "fedproto": FedProto,
+    "scaffold": lambda: SCAFFOLD(server_lr=0.5),
+    "feddyn": lambda: FedDyn(alpha=0.1),
+    "fedbn": FedBN,
+    "fedper": FedPer,
+    "fedrep": lambda: FedRep(head_epochs=1),
+    "ditto": lambda: Ditto(lam=0.5),
 }
 # Wrappers: seven clients, so that Krum's and Bulyan's f = 1 is admissible and an attacker is drawn. DP's noise is
 # drawn from the run's seed, since the tests below compare separate runs (secret noise: tests/strategies/test_dp.py).
@@ -171,7 +185,7 @@ def fit_images(root, sizes, seeds, strategy, rounds=2, ckpt_path=None):
         num_classes=3,
         input_shape=(1, 8, 8),
         model="cnn",
-        model_kwargs={"hidden": 8},
+        model_kwargs={"hidden": 8, "batch_norm": isinstance(strategy, FedBN)},
         optimizer=lambda params: torch.optim.SGD(params, lr=0.05),
     )
     trainer.fit(client, data, strategy, ckpt_path=ckpt_path)
