@@ -58,6 +58,15 @@ def _read_split(root: str, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns one split's ``[N, 28, 28]`` uint8 images and ``[N]`` labels, or raises a :class:`ConfigError`."""
     try:
         split = TorchvisionMNIST(root, train=train, download=False)
+    except (AssertionError, ValueError) as error:  # torchvision's checks of the IDX files' headers and sizes
+        raw = Path(root) / "MNIST" / "raw"
+        kind = "train" if train else "t10k"
+        raise ConfigError(
+            f"The MNIST files {raw}/{kind}-images-idx3-ubyte and {raw}/{kind}-labels-idx1-ubyte (under "
+            f"--data.dataset.init_args.root={root}) are not valid IDX files ({type(error).__name__}"
+            f"{': ' + str(error) if str(error) else ''}): damaged, compressed or of another dataset. Replace them with "
+            "the four uncompressed files of MNIST."
+        ) from None
     except RuntimeError as error:
         raw = Path(root) / "MNIST" / "raw"
         raise ConfigError(
