@@ -167,14 +167,14 @@ class FailsOnClient(Recording):
         return batch
 
 
-def test_one_failing_client_leaves_only_itself_out_of_its_vectorised_group():
+def test_one_failing_client_leaves_only_itself_out_of_its_vectorised_group(tmp_path):
     sgd = lambda p: torch.optim.SGD(p, lr=0.05)  # noqa: E731
     results = {}
     for batching in (None, 4):  # every client of the eight each round, vectorised in two groups of four
         torch.manual_seed(0)
         trainer = FederatedTrainer(
             rounds=2, clients_per_round=8, local_epochs=2, logger=None, enable_progress_bar=False,
-            client_batching=batching, precision="64-true",
+            client_batching=batching, precision="64-true", default_root_dir=tmp_path / str(batching),
         )  # fmt: skip
         strategy = FailsOnClient(bad=2)
         with pytest.warns(UserWarning, match=r"1 of 8 clients failed .* client 2 \(ValueError"):
