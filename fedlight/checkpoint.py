@@ -24,6 +24,10 @@ from fedlight.errors import ConfigError
 
 FORMAT = "fedlight-checkpoint-1"
 LAST, PREVIOUS = "last.ckpt", "previous.ckpt"
+#: What resuming or scoring a run reads of its checkpoint (``engine.run_state``); others are optional.
+RUN_KEYS = (
+    "round", "seed", "global_state", "strategy", "torch_rng", "history", "wandb_id", "num_samples", "config"
+)  # fmt: skip
 
 #: Settings that may change when a run is resumed: how long it runs, where and how it logs, how its
 #: processes start; none of them changes the numbers a round computes.
@@ -145,12 +149,13 @@ def _keep_previous(path: Path) -> None:
     os.replace(link, previous)
 
 
-def load(path: str | Path, flag: str = "--ckpt_path") -> dict[str, Any]:
+def load(path: str | Path, flag: str = "--ckpt_path", keys: tuple[str, ...] = ("round",)) -> dict[str, Any]:
     """Loads a fedlight checkpoint with ``weights_only=True`` (the file's contents are never executed) and
-    checks it against its checksum.
+    checks it against its checksum and for the ``keys`` a reader needs (:data:`RUN_KEYS` to resume or score it).
 
     Raises:
-        ConfigError: when the path does not exist, is not a fedlight checkpoint, or is corrupted.
+        ConfigError: when the path does not exist, is not a fedlight checkpoint, is corrupted or lacks some of
+            ``keys``.
     """
     path = Path(path)
     if not path.is_file():
@@ -161,7 +166,9 @@ def load(path: str | Path, flag: str = "--ckpt_path") -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a damaged file fails in the unpickler, the zip reader or a tensor's storage
-        raise ConfigError(f"{flag} {path} is not a readable fedlight checkpoint ({err}).{_fallback(path)}") from None
+        raise ConfigError(
+            f"{flag} {path} is not a readable fedlight checkpoint ({_reason(err, path)}).{_fallback(path)}"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ConfigError(f"{flag} {path} is not a fedlight checkpoint (no '{FORMAT}' marker).")
     stored = state.pop("checksum", None)  # absent in checkpoints written before checksums
@@ -169,7 +176,21 @@ def load(path: str | Path, flag: str = "--ckpt_path") -> dict[str, Any]:
         raise ConfigError(
             f"{flag} {path} is corrupted: its contents do not match the checksum written with it.{_fallback(path)}"
         )
+    missing = [key for key in keys if key not in state]
+    if missing:
+        raise ConfigError(
+            f"{flag} {path} has the fedlight marker but lacks {', '.join(missing)}: it was not written whole by "
+            f"fedlight, or by another version.{_fallback(path)}"
+        )
     return state
+
+
+def _reason(err: BaseException, path: Path) -> str:
+    """What ``torch.load`` said, or what the file is when it said nothing (an empty file's bare EOFError)."""
+    if str(err).strip():
+        return str(err)
+    size = path.stat().st_size if path.is_file() else 0
+    return "the file is empty" if size == 0 else f"{type(err).__name__} after reading a {size}-byte file"
 
 
 def _fallback(path: Path) -> str:
@@ -226,13 +247,27 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     >>> config_differences({"trainer": {"rounds": 5, "local_epochs": 2}},
     ...                    {"trainer": {"rounds": 9, "local_epochs": 3}})
     ['trainer.local_epochs: 2 in the checkpoint, 3 now']
+    >>> config_differences({"origin": "python", "data": {"batch_size": 10}}, {"data": {"batch_size": 32, "seed": 0}})
+    ['data.batch_size: 10 in the checkpoint, 32 now']
     """
     a, b = flatten_config(saved), flatten_config(current)
+    # A side described from Python objects (``origin: python``) knows only some settings, and a class by its
+    # module's path rather than the one the config named: only what both sides state is compared. Between two
+    # such descriptions only the trainer's arguments, which are recorded as given, are compared.
+    partial = "python" in (a.get("origin"), b.get("origin"))
+    both = a.get("origin") == b.get("origin") == "python"
     differences = []
     for key in sorted(a):  # a setting the checkpoint lacks did not exist when it was written
-        if key.startswith(RESUMABLE_KEYS) or a.get(key) == b.get(key):
+        old, new = a.get(key), b.get(key)
+        if key.startswith(RESUMABLE_KEYS) or key == "origin" or old == new:
             continue
-        differences.append(f"{key}: {a.get(key)} in the checkpoint, {b.get(key)} now")
+        if both and not key.startswith(("trainer.", "seed_everything")):
+            continue
+        if partial and (old is None or new is None):
+            continue
+        if partial and key.endswith("class_path") and str(old).rsplit(".", 1)[-1] == str(new).rsplit(".", 1)[-1]:
+            continue
+        differences.append(f"{key}: {old} in the checkpoint, {new} now")
     return differences
 
 
@@ -247,9 +282,11 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     try:
         stored = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise ConfigError(f"--trainer.init_from {path} is not a readable checkpoint or state_dict ({err}).") from None
+        raise ConfigError(
+            f"--trainer.init_from {path} is not a readable checkpoint or state_dict ({_reason(err, path)})."
+        ) from None
     if isinstance(stored, dict) and stored.get("format") == FORMAT:
-        stored = load(path, "--trainer.init_from")  # checked against its checksum
+        stored = load(path, "--trainer.init_from", keys=("global_state",))  # checked against its checksum
         return {**(stored.get("frozen_state") or {}), **stored["global_state"]}
     if isinstance(stored, dict) and isinstance(stored.get("state_dict"), dict):
         return stored["state_dict"]
@@ -284,4 +321,13 @@ def load_weights(module: torch.nn.Module, path: str | Path) -> None:
                 lines.append(f"  - keys {title}: {shown}")
         lines.append("Start from a checkpoint of the same model (the run's config.yaml names it).")
         raise ConfigError(*lines)
+    non_finite = sorted(
+        name for name, value in weights.items() if value.is_floating_point() and not bool(value.isfinite().all())
+    )
+    if non_finite:
+        shown = ", ".join(non_finite[:12]) + (f", … ({len(non_finite)} in all)" if len(non_finite) > 12 else "")
+        raise ConfigError(
+            f"--trainer.init_from {path} holds NaN/Inf in {shown}: the run that wrote it diverged. Start from an "
+            "earlier checkpoint of it (previous.ckpt) or retrain it with a lower learning rate."
+        )
     module.load_state_dict(weights, strict=True)

@@ -253,6 +253,12 @@ def run(args: list[str] | None = None) -> dict[str, float]:
         raise ConfigError(
             f"Expected --seed_everything in [0, {MAX_SEED}] (numpy's seed range), got {sub_cfg.seed_everything}."
         )
+    if name != "fit" and sub_cfg.ckpt_path is None and sub_cfg.trainer.init_from is None:
+        raise ConfigError(
+            f"fedlight {name} scores a trained model, but neither --ckpt_path nor --trainer.init_from was given: it "
+            "would score the untrained model as built. Pass --ckpt_path <run_dir>/checkpoints/last.ckpt (or "
+            "--ckpt_path last), or --trainer.init_from with the weights to score."
+        )
     resolved = _resolved_config(parser, cfg, name)
     lightning.seed_everything(sub_cfg.seed_everything, verbose=False)
     try:
@@ -291,9 +297,10 @@ def _with_checkpoint_config(args: list[str], folder: Path) -> list[str]:
         path = str(last_checkpoint(sorted(root.glob("*/version_*")), args[0], rounds=None, where=f"{root}/*"))
         args = [*_without_flag(args, "--ckpt_path"), "--ckpt_path", path]
     config = ckpt_io.load(path).get("config")
-    if config is None:
+    if config is None or config.get("origin") == "python":  # a description of Python objects, not a config file
         raise ConfigError(
-            f"--ckpt_path {path} holds no configuration (it was written from Python): pass the run's --config too."
+            f"--ckpt_path {path} holds no configuration file's settings (it was written from Python): pass the run's "
+            "--config too."
         )
     stored = folder / "checkpoint_config.yaml"
     stored.write_text(yaml.safe_dump({k: v for k, v in config.items() if k != "ckpt_path"}, sort_keys=False))
@@ -418,6 +425,12 @@ def _config_error_in(err: BaseException) -> ConfigError | None:
     return None
 
 
+def _launched_rank() -> int:
+    """This process's rank among the processes of one run, as the launcher set it (0 when it set none)."""
+    value = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+    return int(value) if value.isdigit() else 0
+
+
 def main(args: list[str] | None = None) -> None:
     """Console entry point: errors a user can fix are printed as one message, without a traceback."""
     # A console script's sys.path starts with its own folder, not the working directory that
@@ -431,7 +444,8 @@ def main(args: list[str] | None = None) -> None:
             return compare.main(list(args[1:]))
         run(args)
     except ConfigError as err:
-        print(f"fedlight: error: {err}", file=sys.stderr)
+        if not (err.every_process and _launched_rank() > 0):  # the first process reports what all of them found
+            print(f"fedlight: error: {err}", file=sys.stderr)
         sys.exit(2)
     except RunInterrupted as err:
         message = f"fedlight: {err}."

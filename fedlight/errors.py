@@ -11,6 +11,9 @@ class ConfigError(ValueError):
     Several problems found together are reported together, one per line.
     """
 
+    #: Raised alike by every process of a run (a set-up check), so that only the first process reports it.
+    every_process: bool = False
+
     def __init__(self, *problems: str) -> None:
         self.problems = list(problems)
         super().__init__("\n".join(self.problems))

@@ -24,6 +24,7 @@ class ScalarDataset(FederatedDataset):
 
     num_classes = 1
     input_shape = (1,)
+    float_targets = True
 
     def __init__(self, sizes: list[int], values: list[float]) -> None:
         self.sizes, self.values = sizes, values

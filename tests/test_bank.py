@@ -179,6 +179,9 @@ def test_routed_metrics_equal_each_member_on_the_samples_routed_to_it(tmp_path):
 def test_a_cluster_map_of_another_partition_names_the_flag(tmp_path):
     with pytest.raises(ConfigError, match="clusters names the cluster of 2 clients, but the partition has 3"):
         fit(tmp_path, ClusteredFedAvg(clusters=[0, 1]))
+    assert not list(tmp_path.rglob("version_*"))  # refused at set-up, before the run folder
+    with pytest.raises(ConfigError, match=r"leaves cluster\(s\) \[1\] without clients"):
+        fit(tmp_path, ClusteredFedAvg(clusters=[0, 2, 0]))
     with pytest.raises(ConfigError, match=r"cluster_layers.*matches no federated entry"):
         fit(tmp_path, ClusteredFedAvg(clusters=[0, 1, 1], cluster_layers="net.nothing.*"))
 

@@ -230,3 +230,56 @@ def test_a_damaged_checkpoint_is_refused_as_init_from(tmp_path):
     torch.save(state, folder / "last.ckpt")
     with pytest.raises(ConfigError, match=r"--trainer.init_from .*last.ckpt is corrupted"):
         ckpt_io.read_weights(folder / "last.ckpt")
+
+
+# -- what a checkpoint must hold, and the configuration of a run started from Python -------------------------------
+@pytest.mark.parametrize("missing", [("global_state",), ("config",), ("global_state", "history")])
+def test_a_checkpoint_without_the_keys_a_resume_reads_is_refused_naming_them(tmp_path, missing):
+    run = trainer(tmp_path, "run")
+    run.fit(make_model(), make_data(), FedAvg())
+    state = ckpt_io.load(run.run_dir / "checkpoints" / "last.ckpt")
+    for key in missing:
+        del state[key]
+    ckpt_io.save_atomic(state, tmp_path / "bad.ckpt")  # with a matching checksum: only the keys are wrong
+    with pytest.raises(ConfigError, match=f"has the fedlight marker but lacks {', '.join(missing)}: "):
+        trainer(tmp_path, "run", rounds=3).fit(make_model(), make_data(), FedAvg(), ckpt_path=tmp_path / "bad.ckpt")
+
+
+def test_a_checkpoint_written_from_python_keeps_its_settings_and_refuses_others_on_resume(tmp_path):
+    run = trainer(tmp_path, "run")
+    run.fit(make_model(), make_data(), FedAvg())
+    last = run.run_dir / "checkpoints" / "last.ckpt"
+    config = ckpt_io.load(last)["config"]
+    assert config["origin"] == "python" and config["trainer"]["local_epochs"] == 1
+    assert config["data"]["batch_size"] == 10 and config["data"]["dataset"]["init_args"]["num_clients"] == 6
+    with pytest.raises(ConfigError, match=r"trainer\.straggler_fraction: 0\.0 in the checkpoint, 0\.5 now"):
+        other = trainer(tmp_path, "run", rounds=3, straggler_fraction=0.5)
+        other.fit(make_model(), make_data(), FedAvg(), ckpt_path=last)
+    # as the command line resolves it: the data the run did not train on are named too
+    resolved = {
+        "trainer": {**config["trainer"], "rounds": 3},
+        "data": {"batch_size": 32, "dataset": {"class_path": "fedlight.data.Synthetic", "init_args": {"seed": 1}}},
+    }
+    assert ckpt_io.config_differences(config, resolved) == ["data.batch_size: 10 in the checkpoint, 32 now"]
+    resumed = trainer(tmp_path, "run", rounds=3)
+    resumed.fit(make_model(), make_data(), FedAvg(), ckpt_path=last)  # the same settings, more rounds
+    assert resumed.round == 3
+
+
+def test_an_empty_checkpoint_file_says_it_is_empty(tmp_path):
+    (tmp_path / "last.ckpt").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"is not a readable fedlight checkpoint \(the file is empty\)"):
+        ckpt_io.load(tmp_path / "last.ckpt")
+    with pytest.raises(ConfigError, match=r"is not a readable checkpoint or state_dict \(the file is empty\)"):
+        ckpt_io.read_weights(tmp_path / "last.ckpt")
+
+
+def test_init_from_weights_with_nan_are_refused_naming_the_keys(tmp_path):
+    weights = make_model().state_dict()
+    name = next(iter(weights))
+    weights[name].view(-1)[3] = float("inf")
+    torch.save(weights, tmp_path / "diverged.pt")
+    run = trainer(tmp_path, "run", init_from=tmp_path / "diverged.pt")
+    with pytest.raises(ConfigError, match=rf"--trainer.init_from {tmp_path / 'diverged.pt'} holds NaN/Inf in {name}:"):
+        run.fit(make_model(), make_data(), FedAvg())
+    assert not list(tmp_path.rglob("version_*"))

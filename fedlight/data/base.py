@@ -132,6 +132,9 @@ class FederatedDataset(ABC):
     #: Whether the training samples carry real labels; False for unlabelled clients whose label maps are all
     #: void (LADD's CrossCity split), so that options that read training labels can be refused at set-up.
     train_labels: bool = True
+    #: Whether ``targets`` are real values (a regression) rather than class labels; otherwise float targets are
+    #: refused at set-up instead of being truncated to classes.
+    float_targets: bool = False
 
     @abstractmethod
     def load_train(self) -> LabelledTensors:

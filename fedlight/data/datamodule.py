@@ -27,6 +27,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import Dataset
 
 from fedlight.data.base import FederatedDataset, LabelledTensors, LazySamples
+from fedlight.data.checks import SampleChecks
 from fedlight.data.datasets.torch_dataset import TorchDataset
 from fedlight.data.partition import Natural, Partitioner
 from fedlight.data.transforms import BatchTransform
@@ -159,6 +160,12 @@ class FederatedDataModule:
             num_train = max(1, int((1.0 - self.test_fraction) * len(indices)))
             train.append(np.sort(indices[:num_train]))
             held_out.append(np.sort(indices[num_train:]))
+        test = self.dataset.load_test()
+        # labels in range, integer, finite inputs: here, not in the round that first reads a bad sample
+        self.checks = SampleChecks(self.dataset, self.num_classes, list(zip(train, held_out, strict=True)), len(pool))
+        problems = self.checks.problems(pool, test)
+        if problems:
+            raise ConfigError(*problems)
         if self.centralized:  # drawn as above, so the held-out splits are those of the federated run
             train = [np.sort(np.concatenate(train))]
         self.pool = pool
@@ -168,7 +175,7 @@ class FederatedDataModule:
         self.held_out_index = torch.from_numpy(np.concatenate(held_out)).long()
         self.held_out_group = torch.from_numpy(np.repeat(np.arange(len(held_out)), [len(h) for h in held_out]))
         self.num_eval_groups = len(held_out)  # the original clients, also when training is centralized
-        self.test: LabelledTensors | None = self.dataset.load_test()
+        self.test: LabelledTensors | None = test
         if self.train_transform is not None:  # its files are read and checked now, not in the first local fit
             self.train_transform.setup()
         self._is_setup = True
@@ -211,8 +218,9 @@ class FederatedDataModule:
             batch = order[start : start + self.batch_size]
             if self.pool.train_reader is not None:
                 x, y = (part.to(self.device) for part in self.pool.train_reader.read(batch.cpu(), generator))
+                self.checks.check_read(y, batch, "pool")
             else:
-                x, y = _take(self.pool.inputs, batch, self.device), _take(self.pool.targets, batch, self.device)
+                x, y = _take(self.pool.inputs, batch, self.device), self._targets(self.pool, batch)
             if self.train_transform is not None:
                 x, y = self.train_transform(x, y, generator)
             yield (x, y, batch) if self.return_index else (x, y)
@@ -231,7 +239,7 @@ class FederatedDataModule:
             indices = self.held_out_index[self.held_out_group == client]
         for start in range(0, len(indices), self.eval_batch_size):
             batch = indices[start : start + self.eval_batch_size]
-            yield _take(self.pool.inputs, batch, self.device), _take(self.pool.targets, batch, self.device)
+            yield _take(self.pool.inputs, batch, self.device), self._targets(self.pool, batch)
 
     def held_out_batches(
         self, clients: torch.Tensor | None = None
@@ -255,7 +263,7 @@ class FederatedDataModule:
             batch = index[start : start + self.eval_batch_size]
             yield (
                 _take(self.pool.inputs, batch, self.device),
-                _take(self.pool.targets, batch, self.device),
+                self._targets(self.pool, batch),
                 group[start : start + len(batch)],
             )
 
@@ -271,8 +279,16 @@ class FederatedDataModule:
             return
         for start in range(0, len(self.test), self.eval_batch_size):
             batch = slice(start, min(start + self.eval_batch_size, len(self.test)))
-            x, y = _take(self.test.inputs, batch, self.device), _take(self.test.targets, batch, self.device)
+            x, y = _take(self.test.inputs, batch, self.device), self._targets(self.test, batch)
             yield x, y, torch.zeros(len(x), dtype=torch.int64, device=self.device)
+
+    def _targets(self, data: LabelledTensors, index: torch.Tensor | slice) -> torch.Tensor:
+        """``data.targets[index]`` on the device; lazily read label maps are checked as they are read (resident
+        ones were checked at set-up)."""
+        targets = _take(data.targets, index, self.device)
+        if not isinstance(data.targets, torch.Tensor):
+            self.checks.check_read(targets, index, "pool" if data is self.pool else "test")
+        return targets
 
 
 def _take(source: torch.Tensor | LazySamples, index: torch.Tensor | slice, device: torch.device) -> torch.Tensor:

@@ -135,7 +135,41 @@ class ProcessSettings:
             problems.append(f"Expected --trainer.threads ≥ 1 or 'auto', got {self.threads}.")
         if not self.rendezvous_timeout > 0:
             problems.append(f"Expected --trainer.rendezvous_timeout > 0 seconds, got {self.rendezvous_timeout}.")
-        return problems
+        return problems + accelerator_problems(self.accelerator)
+
+
+#: What ``--trainer.accelerator`` may name (Lightning's names); ``gpu`` is CUDA or Apple's MPS, whichever is there.
+ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps", "tpu")
+
+
+def accelerator_problems(accelerator: str) -> list[str]:
+    """An accelerator that Lightning does not know, or that this machine does not have, named with the fix;
+    Fabric would otherwise stop with its own traceback."""
+    if not isinstance(accelerator, str):  # an Accelerator instance from Python: Fabric checks it
+        return []
+    if accelerator not in ACCELERATORS:
+        return [f"Expected --trainer.accelerator to be one of {', '.join(ACCELERATORS)}, got {accelerator!r}."]
+    import torch
+
+    mps = torch.backends.mps.is_available()
+    cuda = torch.cuda.is_available()
+    if accelerator in ("cuda", "gpu") and not cuda and not (accelerator == "gpu" and mps):
+        built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        return [
+            f"--trainer.accelerator={accelerator}, but this machine has no usable CUDA GPU (torch {torch.__version__}, "
+            f"{built}, sees none). Use --trainer.accelerator=auto (a GPU when one is visible, else the CPU) or cpu."
+        ]
+    if accelerator == "mps" and not mps:
+        return ["--trainer.accelerator=mps, but Apple's MPS is not available here. Use auto or cpu."]
+    if accelerator == "tpu":
+        from lightning.fabric.accelerators import XLAAccelerator
+
+        if not XLAAccelerator.is_available():
+            return [
+                "--trainer.accelerator=tpu, but no TPU is reachable here (it needs torch_xla on a TPU machine). Use "
+                "auto or cpu."
+            ]
+    return []
 
 
 @dataclass(frozen=True)

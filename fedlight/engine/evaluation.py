@@ -147,8 +147,11 @@ class Evaluator:
         for batch_idx, batch in enumerate(batches):
             if batch_idx % fabric.world_size != fabric.global_rank:
                 continue
-            with precision.forward_context():
-                metric.update(**module.validation_step(precision.convert_input(batch), batch_idx))
+            try:
+                with precision.forward_context():
+                    metric.update(**module.validation_step(precision.convert_input(batch), batch_idx))
+            except Exception as err:
+                raise EvaluationFailed(self._culprit(batch, batch_idx, split, err)) from err
             if routed:
                 mine.append((batch_idx, batch, strategy.route(self.context, batch, split)))
         computed = merged(metric)
@@ -168,6 +171,30 @@ class Evaluator:
             model.load()
             result.update({f"routed/{k}": v for k, v in scalar_metrics(merged(routed_metric)).items()})
         return result
+
+    def _culprit(self, batch: tuple, batch_idx: int, split: str, err: Exception) -> str:
+        """What raised: for the clients' held-out splits, the first client of the batch whose samples raise alone."""
+        what = f"{type(err).__name__}: {err}".splitlines()[0]
+        if split != "clients":
+            return f"Evaluating the global model on the global test set raised in batch {batch_idx} ({what})."
+        module, precision = self.model.module, self.precision
+        probe = module.evaluation_metric(self.datamodule.num_eval_groups).to(self.fabric.device)
+        clients = batch[2].unique().tolist()
+        for client in clients:
+            part = tuple(t[batch[2] == client] for t in batch)
+            try:
+                with precision.forward_context():
+                    probe.update(**module.validation_step(precision.convert_input(part), batch_idx))
+            except Exception:
+                return (
+                    f"Evaluating the global model on client {client}'s held-out split raised ({what}). Check that "
+                    "client's samples (labels within the dataset's classes) or the module's validation_step."
+                )
+        return f"Evaluating the global model on the held-out splits of clients {clients} raised ({what})."
+
+
+class EvaluationFailed(RuntimeError):
+    """Evaluation raised; the message names the split (and client) whose samples raised."""
 
 
 def merged(metric: Metric) -> Any:

@@ -121,36 +121,60 @@ class RoundFits:
         else:
             groups = (plans[start : start + chunk] for start in range(0, len(plans), chunk))
         skipped, failed = False, 0
-        num_samples = self.training.datamodule.num_samples
         for group in groups:
             if stop is not None and stop.requested is not None:
                 skipped = True  # the clients from this one on would be thrown away with the round
                 break
-            try:
-                if chunk is None:
-                    plan = group[0]
-                    fits: list[Fit] = [
-                        self.training.fit(round_idx, plan, self.model.member(self.cluster_of(plan.client)))
-                    ]
-                else:
-                    fits = list(self._fit_vectorised(round_idx, group))
-            except ConfigError:
-                raise
-            except Exception as err:
-                if self.fail_fast:
-                    raise
-                fits = [
-                    (self.guards.failed_fit(round_idx, plan, int(num_samples[plan.client]), err), None)
-                    for plan in group
-                ]
-                failed += len(group)
+            if chunk is None or isinstance(self.vectorised, str):  # the sequential loop, or switched to it
+                fits = [self._fit_alone(round_idx, plan) for plan in group]
+            else:
+                fits = self._fit_group(round_idx, group)
+            failed += sum("error" in update.payload for update, _ in fits)
             yield from fits
-        # one all-reduce of three numbers: any rank's stop, and the round's failures
-        counts = torch.tensor([float(skipped), float(failed), float(len(plans))], device=self.fabric.device)
+        # one all-reduce of four numbers: any rank's stop (by its signal), and the round's failures
+        signals = stop.flags() if skipped and stop is not None else (0.0, 0.0)
+        counts = torch.tensor([*signals, float(failed), float(len(plans))], device=self.fabric.device)
         if self.fabric.world_size > 1:
             counts = self.fabric.all_reduce(counts, reduce_op="sum")
-        any_skipped, failed_total, total = (int(c) for c in counts.tolist())
-        self.guards.check_round(round_idx, bool(any_skipped), failed_total, total)
+        sigint, sigterm, failed_total, total = counts.tolist()
+        any_skipped = stop.adopt(sigint, sigterm) if stop is not None else False  # a signal another rank received
+        self.guards.check_round(round_idx, any_skipped, int(failed_total), int(total))
+
+    def _fit_alone(self, round_idx: int, plan: ClientPlan) -> Fit:
+        """One client's local fit on the resident module; a fit that raises gives a failed update (see
+        ``fail_fast``)."""
+        try:
+            return self.training.fit(round_idx, plan, self.model.member(self.cluster_of(plan.client)))
+        except ConfigError:
+            raise
+        except Exception as err:
+            if self.fail_fast:
+                raise
+            num_samples = int(self.training.datamodule.num_samples[plan.client])
+            return self.guards.failed_fit(round_idx, plan, num_samples, err), None
+
+    def _fit_group(self, round_idx: int, plans: list[ClientPlan]) -> list[Fit]:
+        """``plans`` vectorised; if that raises, each client alone, so that only a faulty client is left out.
+
+        A vectorised fit fails together for one client's bad batch; retrained one by one, the others are kept.
+        When the network itself cannot be vectorised (``torch.func.vmap`` refuses its data-dependent control
+        flow), or every client trains alone where the group failed, the run goes on with the sequential loop,
+        said once on the console.
+        """
+        try:
+            return list(self._fit_vectorised(round_idx, plans))
+        except ConfigError:
+            raise
+        except Exception as err:
+            fits = [self._fit_alone(round_idx, plan) for plan in plans]
+            if _vmap_refused(err) or all("error" not in update.payload for update, _ in fits):
+                reason = f"{type(err).__name__}: {err}".splitlines()[0]
+                self.vectorised = f"vectorising the network failed in round {round_idx + 1} ({reason})"
+                self.console.print(
+                    f"fedlight: --trainer.client_batching: clients train one after another from now on, because "
+                    f"{self.vectorised}."
+                )
+            return fits
 
     def _chunk(self, plans: list[ClientPlan]) -> int | None:
         """How many clients to vectorise at once, or ``None`` for the sequential loop."""
@@ -214,6 +238,12 @@ class RoundFits:
                 store.take_back(owns[i], state)
                 store.put(plan.client, round_idx + 1, owns[i])
             yield update, state
+
+
+def _vmap_refused(err: BaseException) -> bool:
+    """Whether ``err`` is ``torch.func.vmap`` refusing the network (data-dependent control flow, ``.item()``…),
+    which no client's data causes. Its messages start with ``vmap:``."""
+    return any(str(e).lstrip().startswith("vmap") for e in (err, err.__cause__, err.__context__) if e is not None)
 
 
 def round_counts(plans: list[ClientPlan], updates: list[ClientUpdate], aggregated: list[ClientUpdate]) -> dict:

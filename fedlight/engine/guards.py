@@ -112,15 +112,32 @@ class FailureGuards:
             stacklevel=1,
         )
 
-    def diverged(self, round_idx: int, strategy_name: str) -> ConfigError:
-        """The error that stops a run whose global model became non-finite in round ``round_idx``."""
+    def none_aggregated(self, round_idx: int, updates: list[ClientUpdate]) -> ConfigError:
+        """The error that stops a run in whose round ``round_idx`` every client was left out as non-finite or
+        outsized: the global model would stay as it was, round after round, and the run would end untrained."""
+        outsized = sum("update_norm" in u.payload for u in updates)
+        failed = sum("error" in u.payload for u in updates)
+        failures = f", {failed} failed their local fit" if failed else ""
+        return ConfigError(
+            f"No client of round {round_idx + 1} could be aggregated: of its {len(updates)} clients, "
+            f"{len(updates) - outsized - failed} returned NaN/Inf and {outsized} moved further than "
+            f"--trainer.max_update_ratio allows{failures}. The run stopped and {self._kept()} with a lower learning "
+            "rate (--model.init_args.optimizer)."
+        )
+
+    def _kept(self) -> str:
+        """What is left to resume from: the last good checkpoint, or nothing yet."""
         run_dir = self.run_dir()
         last = None if run_dir is None else run_dir / "checkpoints" / ckpt_io.LAST
-        kept = (
+        return (
             f"the last good checkpoint, {last} (round {ckpt_io.saved_round(last)}), is intact: resume from it"
             if last is not None and last.is_file()
             else "no checkpoint was written yet: start again"
         )
+
+    def diverged(self, round_idx: int, strategy_name: str) -> ConfigError:
+        """The error that stops a run whose global model became non-finite in round ``round_idx``."""
+        kept = self._kept()
         return ConfigError(
             f"The global model became non-finite (NaN/Inf) in round {round_idx + 1}, after {strategy_name}'s "
             f"aggregation; the run stopped and {kept} with a lower learning rate (--model.init_args.optimizer) or a "

@@ -191,11 +191,17 @@ def check_model(model: FederatedClient, datamodule: FederatedDataModule, users: 
     optimizer = getattr(model, "optimizer", None)
     if callable(optimizer) and not isinstance(optimizer, torch.nn.Module):
         try:  # on a stand-in parameter: the model's own are not touched
-            optimizer([torch.nn.Parameter(torch.zeros(1))])
+            stand_in = optimizer([torch.nn.Parameter(torch.zeros(1))])
         except ValueError as err:  # torch.optim's checks of lr, momentum, betas, weight_decay…
             problems.append(f"--model.init_args.optimizer refuses its settings: {err}. Fix them in the config.")
         except Exception:  # not a params → optimizer callable after all; configure_optimizers decides
             pass
+        else:
+            if isinstance(stand_in, torch.optim.Optimizer) and stand_in.param_groups[0].get("lr") == 0:
+                problems.append(
+                    f"--model.init_args.optimizer has lr=0 ({type(stand_in).__name__}): no local step would change "
+                    "the model, and the run would report an untrained one. Give it a learning rate > 0."
+                )
     for user in users:
         problems += user.check(model, datamodule)
     if problems:

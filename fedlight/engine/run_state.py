@@ -9,6 +9,8 @@ the numbers of an uninterrupted one.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -105,3 +107,70 @@ def load_run_state(
         callback.load_state_dict(callback_state)
     torch.set_rng_state(state["torch_rng"])
     return int(state["round"]), list(state["history"]), state["wandb_id"]
+
+
+#: Marks a configuration described from the objects of a run started from Python (no command line resolved it).
+PYTHON_ORIGIN = {"origin": "python"}
+
+
+def python_config(trainer_args: dict[str, Any], seed: int, model: Any, datamodule: Any, strategy: Any) -> dict:
+    """The configuration of a run started from Python, in the command line's layout, as far as the objects tell:
+    the trainer's arguments exactly; for the model, the data and the rule, their class and every constructor
+    argument kept under its own name as a plain value. Checkpoints store it so that a resume with other settings
+    is refused (:func:`fedlight.checkpoint.config_differences` compares what both sides know).
+
+    >>> from fedlight.strategies import FedProx
+    >>> python_config({"rounds": 3}, 0, None, None, FedProx(mu=0.1))["strategy"]["init_args"]["mu"]
+    0.1
+    """
+    return {
+        **PYTHON_ORIGIN,
+        "seed_everything": seed,
+        "trainer": {k: v for k, v in ((k, _plain(v)) for k, v in trainer_args.items()) if v is not _UNKNOWN},
+        "model": _plain(model),
+        "data": _plain(datamodule, with_class=False),
+        "strategy": _plain(strategy),
+    }
+
+
+_UNKNOWN = object()  # a value with no plain description (a tensor, a lambda), left out
+
+
+def _plain(value: Any, with_class: bool = True, depth: int = 0) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    if depth > 4:
+        return _UNKNOWN
+    if isinstance(value, list | tuple):
+        if len(value) > 1000:  # a dataset's file list: the data's fingerprint covers it
+            return _UNKNOWN
+        items = [_plain(v, depth=depth + 1) for v in value]
+        return _UNKNOWN if any(v is _UNKNOWN for v in items) else items
+    if isinstance(value, dict):
+        items = {str(k): _plain(v, depth=depth + 1) for k, v in value.items()}
+        return {k: v for k, v in items.items() if v is not _UNKNOWN}
+    if isinstance(value, functools.partial):  # an optimizer given as partial(torch.optim.SGD, lr=…)
+        return {"class_path": _qualified(value.func), "init_args": _plain(value.keywords, depth=depth + 1)}
+    if inspect.isroutine(value) or inspect.isclass(value):  # a lambda or function: no plain description
+        return _UNKNOWN
+    if type(value).__module__ in ("torch", "numpy") or type(value).__module__.startswith(("torch.", "numpy.")):
+        return _UNKNOWN
+    try:
+        parameters = inspect.signature(type(value).__init__).parameters
+    except (TypeError, ValueError):
+        return _UNKNOWN
+    arguments, attributes = {}, getattr(value, "__dict__", {})
+    for name, parameter in parameters.items():
+        if name == "self" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if name in attributes:
+            described = _plain(attributes[name], depth=depth + 1)
+            if described is not _UNKNOWN:
+                arguments[name] = described
+    return {"class_path": _qualified(type(value)), "init_args": arguments} if with_class else arguments
+
+
+def _qualified(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"

@@ -49,6 +49,23 @@ def prepare_data(
     return datamodule.to(device), fingerprint
 
 
+def check_round_size(strategy: Any, clients_per_round: int, straggler_fraction: float) -> None:
+    """The rule's own bounds on the clients that train each round (Krum's K > 2f + 2, Bulyan's K ≥ 4f + 3):
+    ``clients_per_round``, less the ``round(K·δ)`` stragglers a rule that does not tolerate them drops."""
+    trained = clients_per_round
+    if not strategy.tolerate_stragglers:
+        trained = round(clients_per_round * (1.0 - straggler_fraction))  # as straggler_plan draws them
+    problems = strategy.check_round_size(clients_per_round, trained)
+    if trained == 0:
+        problems.append(
+            f"--trainer.straggler_fraction={straggler_fraction} makes all {clients_per_round} clients of a round "
+            f"stragglers, which {type(strategy).__name__} drops: no client would ever be aggregated. Lower it, or set "
+            "--strategy.init_args.tolerate_stragglers=true."
+        )
+    if problems:
+        raise ConfigError(*problems)
+
+
 def rounds_left(ckpt_path: str | Path, state: dict[str, Any], rounds: int) -> bool:
     """Whether a resume from ``state`` has rounds to run under ``--trainer.rounds``; refuses one whose checkpoint
     holds more rounds than that."""

@@ -51,14 +51,23 @@ class StopRequest:
                 flush=True,
             )
 
+    def flags(self) -> tuple[float, float]:
+        """``(SIGINT?, SIGTERM?)`` of this process as numbers, to be summed over processes."""
+        return float(self.requested == "SIGINT"), float(self.requested == "SIGTERM")
+
+    def adopt(self, sigint: float, sigterm: float) -> bool:
+        """Takes the signal another process received (``flags`` summed over processes) when this one received none,
+        so that every process names the same signal; returns whether any process received one."""
+        if self.requested is None and sigint + sigterm > 0:
+            self.requested = "SIGINT" if sigint > 0 else "SIGTERM"
+        return sigint + sigterm > 0
+
     def agreed(self, fabric: Any) -> bool:
         """Whether any process received a stop signal, so that all of them stop after the same round (one
-        all-reduce with several processes); a process that got none records SIGTERM as the request."""
-        requested = self.requested is not None
-        if fabric.world_size > 1:
-            import torch
+        all-reduce with several processes); a process that got none records the signal another one received."""
+        if fabric.world_size == 1:
+            return self.requested is not None
+        import torch
 
-            flag = torch.tensor(float(requested), device=fabric.device)
-            requested = float(fabric.all_reduce(flag, reduce_op="sum")) > 0
-            self.requested = self.requested or ("SIGTERM" if requested else None)  # another process's signal
-        return requested
+        flags = fabric.all_reduce(torch.tensor(self.flags(), device=fabric.device), reduce_op="sum")
+        return self.adopt(*flags.tolist())

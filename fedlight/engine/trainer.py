@@ -26,7 +26,6 @@ import logging
 import os
 import time
 import uuid
-import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -68,9 +67,9 @@ from fedlight.engine.local_fit import LocalTraining, all_finite
 from fedlight.engine.loggers import RunLoggers, wandb_login_problems
 from fedlight.engine.model import GlobalModel, prepare_module
 from fedlight.engine.personal import PersonalEvaluator
-from fedlight.engine.run_state import check_checkpoint, load_run_state, run_state
+from fedlight.engine.run_state import check_checkpoint, load_run_state, python_config, run_state
 from fedlight.engine.rundir import RunFolder, check_root, recorded_run_dir
-from fedlight.engine.setup import check_init_from, planned_rounds, prepare_data, rounds_left
+from fedlight.engine.setup import check_init_from, check_round_size, planned_rounds, prepare_data, rounds_left
 from fedlight.engine.stopping import StopRequest
 from fedlight.engine.streams import RandomStreams
 from fedlight.errors import ConfigError, RunInterrupted
@@ -236,6 +235,8 @@ class FederatedTrainer:
         fail_fast: bool = False,
         rendezvous_timeout: float = 300.0,
     ) -> None:
+        #: the arguments as given, described in the checkpoints of runs started from Python
+        self.init_args = {name: value for name, value in locals().items() if name != "self"}
         loggers = (logger,) if isinstance(logger, str) else tuple(logger or ())
         self.settings = RoundSettings(
             rounds, clients_per_round, local_epochs, local_steps, straggler_fraction, eval_every, checkpoint_every
@@ -288,6 +289,7 @@ class FederatedTrainer:
         self.model: GlobalModel | None = None  # the resident module and W^t, once a run is set up
         #: digests of the partition and the samples (``checkpoint.data_fingerprint``), checked on resume
         self.data_fingerprint: dict[str, str] | None = None
+        self.described: dict[str, Any] | None = None  # the configuration checkpoints store (see _setup)
         self._forked = False  # true inside the processes that start_method=fork created
         self._folder: RunFolder | None = None
         self._interrupted: RunInterrupted | None = None
@@ -488,12 +490,9 @@ class FederatedTrainer:
         strategy.on_round_start(self.context, round_idx, plans)
         updates, sums, states, integers = self.fits.run(round_idx, plans, self._stop)
         aggregated = [u for u in updates if u.finite]
-        if not aggregated:
-            warnings.warn(
-                f"No client state was aggregated in round {round_idx + 1}; the global model stays as it was.",
-                stacklevel=1,
-            )
-        elif strategy.gather_states:
+        if not aggregated:  # all non-finite or outsized (a round where all failed stopped in the fits)
+            raise self.guards.none_aggregated(round_idx, updates)
+        if strategy.gather_states:
             model.global_state = self.aggregation.gathered(model.global_state, states, aggregated)
         else:
             model.global_state = self.aggregation.streamed(model.bank, sums, aggregated)
@@ -616,7 +615,8 @@ class FederatedTrainer:
         """Takes over rank 0's outcome in the process that forked the ranks: W^T in ``model``, the history,
         the strategy's and callbacks' states, as if the rounds had run here."""
         state = outcome["state"]
-        self.datamodule, self.strategy, self.config = datamodule, strategy, state["config"]
+        self.datamodule, self.strategy, self.described = datamodule, strategy, state["config"]
+        self.config = None if (self.described or {}).get("origin") == "python" else self.described
         self.model = GlobalModel(model, FlatState(model, getattr(model, "frozen_modules", ())), torch.device("cpu"))
         self._load_run_state(state)
         self.model.load()
@@ -625,7 +625,15 @@ class FederatedTrainer:
         self._interrupted = outcome.get("interrupted")
 
     # -- set-up ------------------------------------------------------------------------------------
-    def _setup(
+    def _setup(self, *args: Any, **kwargs: Any) -> None:
+        """:meth:`_set_up`; its ConfigErrors are found by every process alike, and reported by the first."""
+        try:
+            self._set_up(*args, **kwargs)
+        except ConfigError as err:
+            err.every_process = True
+            raise
+
+    def _set_up(
         self,
         model: FederatedClient,
         datamodule: FederatedDataModule,
@@ -645,20 +653,26 @@ class FederatedTrainer:
             datamodule, self.settings.clients_per_round, fabric.device
         )
         self.strategy, self.config = strategy, config
+        #: the resolved configuration, or the one described from the objects of a run started from Python
+        self.described = (
+            config if config is not None else python_config(self.init_args, self.seed, model, datamodule, strategy)
+        )
         users = () if evaluating else (strategy, *self.callbacks)  # evaluation runs neither rule nor callbacks
         self.model = prepare_module(
             model, datamodule, users, fabric, self.processes.channels_last, self.init_from, ckpt_path is not None
         )
+        if not evaluating:
+            check_round_size(strategy, self.settings.clients_per_round, self.settings.straggler_fraction)
         self._build_pieces(evaluating)
         # A W&B sweep agent names the run it launched; otherwise the run gets a fresh id.
         self.wandb_id = os.environ.get("WANDB_RUN_ID") or uuid.uuid4().hex[:8]
         self.round, self.history = 0, []
         state = None
         if ckpt_path is not None:
-            state = ckpt_io.load(ckpt_path)
+            state = ckpt_io.load(ckpt_path, keys=ckpt_io.RUN_KEYS)
             check_checkpoint(
                 state, model=self.model, datamodule=self.datamodule, data_fingerprint=self.data_fingerprint,
-                strategy=strategy, seed=self.seed, config=config, evaluating=evaluating,
+                strategy=strategy, seed=self.seed, config=self.described, evaluating=evaluating,
             )  # fmt: skip
             self._load_run_state(state)
             self._planned_rounds = planned_rounds(state)
@@ -709,7 +723,7 @@ class FederatedTrainer:
         return run_state(
             round_done=self.round, seed=self.seed, model=self.model, strategy=self.strategy, callbacks=self.callbacks,
             history=self.history, wandb_id=self.wandb_id, datamodule=self.datamodule,
-            data_fingerprint=self.data_fingerprint, config=self.config, run_dir=self.run_dir,
+            data_fingerprint=self.data_fingerprint, config=self.described, run_dir=self.run_dir,
         )  # fmt: skip
 
     def _load_run_state(self, state: dict[str, Any]) -> None:

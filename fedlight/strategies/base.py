@@ -138,6 +138,12 @@ class Strategy:
         and the fix; empty when it can. Called at set-up, before the run folder is created or a client trains."""
         return []
 
+    def check_round_size(self, sampled: int, trained: int) -> list[str]:
+        """Why this rule cannot run rounds of ``sampled`` clients (``--trainer.clients_per_round``) of which
+        ``trained`` train (less the stragglers the rule drops), one sentence per problem naming the flag; empty when
+        it can. Called at set-up, with :meth:`check`, before the run folder is created."""
+        return []
+
     def on_fit_start(self, context: RunContext) -> None:
         """Called once before the first round (also after a resume)."""
 

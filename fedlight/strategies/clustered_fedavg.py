@@ -66,18 +66,21 @@ class ClusteredFedAvg(FedAvg):
         self.routed_splits = ("clients",) if route_clients else ()
         self._lookup = torch.tensor(self.clusters)  # client → cluster
 
-    def on_fit_start(self, context: RunContext) -> None:
-        num_clients = context.datamodule.num_clients
+    def check(self, module: Any, datamodule: Any) -> list[str]:
+        """The cluster list against the partition: one cluster per client, no cluster without clients."""
+        problems = super().check(module, datamodule)
+        num_clients = datamodule.num_clients
         if len(self.clusters) != num_clients:
-            raise ConfigError(
+            problems.append(
                 f"--strategy.init_args.clusters names the cluster of {len(self.clusters)} clients, but the partition "
                 f"has {num_clients}. Give one cluster number per client."
             )
         empty = sorted(set(range(self.num_clusters())) - set(self.clusters))
         if empty:
-            raise ConfigError(
+            problems.append(
                 f"--strategy.init_args.clusters leaves cluster(s) {empty} without clients; number clusters 0, 1, …"
             )
+        return problems
 
     def num_clusters(self) -> int:
         return max(self.clusters) + 1

@@ -237,6 +237,18 @@ class DPFedAvg(RuleWrapper):
             return self.noise_multiplier
         return update_noise_multiplier(self.noise_multiplier, self.count_noise())
 
+    def check_round_size(self, sampled: int, trained: int) -> list[str]:
+        """Adaptive clipping's σ_b > z / 2 (Andrew et al. 2021, Thm. 1), with σ_b = K'/20 by default."""
+        problems = self.rule.check_round_size(sampled, trained)
+        count_noise = sampled / 20 if self.count_noise_std is None else self.count_noise_std
+        if self.adaptive and self.noise_multiplier > 0 and not count_noise > self.noise_multiplier / 2:
+            problems.append(
+                f"Adaptive clipping's count noise σ_b = {count_noise:g} (K'/20 with --trainer.clients_per_round="
+                f"{sampled} unless --strategy.init_args.count_noise_std sets it) must exceed noise_multiplier / 2 = "
+                f"{self.noise_multiplier / 2:g}; set --strategy.init_args.count_noise_std above it."
+            )
+        return problems
+
     # -- round ----------------------------------------------------------------------------------------
     def on_fit_start(self, context: RunContext) -> None:
         self.rule.on_fit_start(context)

@@ -26,13 +26,14 @@ same bits in any number of blocks; the distances' fp64 sums depend on the blocks
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from fedlight.errors import ConfigError
 from fedlight.strategies import robust_functional as R
-from fedlight.strategies.base import ClientUpdate, StateChunks, Strategy
+from fedlight.strategies.base import ClientPlan, ClientUpdate, StateChunks, Strategy
 from fedlight.strategies.fedavg import FedAvg
 from fedlight.strategies.wrapper import RuleWrapper, effective_weights
 
@@ -52,7 +53,11 @@ class RobustAggregation(RuleWrapper):
             al. 2017), ``bulyan`` (El Mhamdi et al. 2018).
         beta: β ∈ [0, 1/2) of ``trimmed_mean``: the fraction of values dropped at each end of every coordinate.
         f: the number of Byzantine clients per round that ``krum``, ``multi_krum`` and ``bulyan`` tolerate; they
-            need K > 2f + 2 (Krum) or K ≥ 4f + 3 (Bulyan) aggregated clients.
+            need K > 2f + 2 (Krum) or K ≥ 4f + 3 (Bulyan) clients, checked at set-up against the clients that
+            train each round. When the engine leaves clients out of a round (non-finite, outsized or failed), the
+            remaining K' states are aggregated with the largest f' ≤ f that K' admits; the clients left out count
+            among the f, so only an f' below f less their number is warned about, and with too few states even for
+            f' = 0 their coordinate-wise median is taken, with a warning (``docs/robustness.md``).
         m: how many lowest-scoring states ``multi_krum`` averages (with the rule's weights, n_k for FedAvg);
             ``null`` is K − f.
     """
@@ -86,43 +91,71 @@ class RobustAggregation(RuleWrapper):
         self.f = f
         self.m = m
         self._selected: list[int] = []  # clients Krum, Multi-Krum or Bulyan selected in the last round
+        self._trained = 0  # clients that train in the current round: those not aggregated were left out
 
     @property
     def gather_states(self) -> bool:
         return True
 
+    def check_round_size(self, sampled: int, trained: int) -> list[str]:
+        """Krum's K > 2f + 2 and Bulyan's K ≥ 4f + 3 over the clients that train each round."""
+        problems = self.rule.check_round_size(sampled, trained)
+        needed = {"krum": 2 * self.f + 3, "multi_krum": 2 * self.f + 3, "bulyan": 4 * self.f + 3}.get(self.aggregator)
+        if needed is not None and trained < needed:
+            name = "Bulyan" if self.aggregator == "bulyan" else "Krum"
+            bound = "4f + 3" if self.aggregator == "bulyan" else "2f + 3"
+            problems.append(
+                f"{name} with --strategy.init_args.f={self.f} needs at least {bound} = {needed} clients per round, but "
+                f"{trained} train each round (--trainer.clients_per_round, less the stragglers the rule drops). "
+                f"Raise --trainer.clients_per_round or lower f."
+            )
+        return problems
+
+    def on_round_start(self, context: RunContext, round_idx: int, plans: list[ClientPlan]) -> None:
+        self._trained = sum(not plan.dropped for plan in plans)
+        self.rule.on_round_start(context, round_idx, plans)
+
     def aggregate_chunks(
         self, global_state: torch.Tensor, states: StateChunks, updates: list[ClientUpdate]
     ) -> torch.Tensor:
         weights = effective_weights(self.rule, updates)
-        aggregate = self.robust_aggregate(states, weights)
+        left_out = max(self._trained - len(updates), 0)  # non-finite, outsized or failed: counted among f
+        aggregate = self.robust_aggregate(states, weights, left_out)
         self._selected = [updates[i].client for i in self._selected]
         return self.rule.server_update(global_state, aggregate.to(global_state), updates)
 
-    def robust_aggregate(self, states: StateChunks | torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def robust_aggregate(
+        self, states: StateChunks | torch.Tensor, weights: torch.Tensor, left_out: int = 0
+    ) -> torch.Tensor:
         """The aggregator over the ``[K, P]`` states (in memory or in blocks); rows it selects are left in
-        ``_selected`` (as row indices)."""
+        ``_selected`` (as row indices).
+
+        Krum and Bulyan tolerate the largest f' ≤ f that K admits. ``left_out`` clients were removed by the engine
+        before (non-finite, outsized, failed) and count among the f: a warning is given only when f' < f − left_out,
+        or when not even f' = 0 is admitted and the coordinate-wise median is taken instead.
+        """
         states = StateChunks.of(states) if isinstance(states, torch.Tensor) else states
-        k, f = states.num_clients, self.f
+        k = states.num_clients
         self._selected = []
         if self.aggregator == "median":
             return states.apply(R.coordinate_median)
         if self.aggregator == "trimmed_mean":
             return states.apply(lambda block: R.trimmed_mean(block, self.beta))
+        f = R.admissible_f(k, self.f, self.aggregator)
+        if f is None or f < self.f - left_out:
+            name = "Bulyan" if self.aggregator == "bulyan" else "Krum"
+            instead = "their coordinate-wise median" if f is None else f"f = {f}, the largest that {k} admit"
+            warnings.warn(
+                f"{name} with --strategy.init_args.f={self.f} cannot aggregate the {k} clients left in this round "
+                f"({left_out} left out by the engine count among f); it takes {instead}.",
+                stacklevel=2,
+            )
+        if f is None:
+            return states.apply(R.coordinate_median)
         if self.aggregator == "bulyan":
-            if k < 4 * f + 3:
-                raise ConfigError(
-                    f"Bulyan with --strategy.init_args.f={f} needs at least 4f + 3 = {4 * f + 3} aggregated clients, "
-                    f"got {k}. Raise --trainer.clients_per_round or lower f."
-                )
             selected = R.bulyan_select(squared_distances(states), f, rows_in_content_order(states))
             aggregate = states.rows(selected).apply(lambda chosen: R.bulyan_trimmed_mean(chosen, f))
         else:
-            if k <= 2 * f + 2:
-                raise ConfigError(
-                    f"Krum with --strategy.init_args.f={f} needs more than 2f + 2 = {2 * f + 2} aggregated clients, "
-                    f"got {k}. Raise --trainer.clients_per_round or lower f."
-                )
             m = 1 if self.aggregator == "krum" else min(self.m or k - f, k)
             selected = R.multi_krum_select(squared_distances(states), f, m, rows_in_content_order(states))
             chosen_weights = weights[selected.cpu()]

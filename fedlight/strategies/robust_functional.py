@@ -188,6 +188,19 @@ def multi_krum_select(distances: torch.Tensor, f: int, m: int = 1, tie_break: Ti
     return ranked(krum_scores(distances, f), tie_break)[:m]
 
 
+def admissible_f(k: int, f: int, aggregator: str) -> int | None:
+    """The largest f' ≤ ``f`` that ``k`` states admit: Krum and Multi-Krum need K > 2f' + 2 (Blanchard et al.
+    2017), Bulyan K ≥ 4f' + 3 (El Mhamdi et al. 2018); ``None`` when not even f' = 0 is admitted (K < 3).
+
+    >>> admissible_f(7, 1, "bulyan"), admissible_f(6, 1, "bulyan"), admissible_f(5, 2, "krum")
+    (1, 0, 1)
+    >>> admissible_f(2, 0, "krum") is None
+    True
+    """
+    largest = (k - 3) // 4 if aggregator == "bulyan" else (k - 3) // 2
+    return None if largest < 0 else min(f, largest)
+
+
 def weighted_mean(states: torch.Tensor, weights: torch.Tensor | Sequence[float] | None = None) -> torch.Tensor:
     """``[P]``: the mean of ``[K, P]`` rows, uniform or with non-negative ``weights`` (normalised here).
 

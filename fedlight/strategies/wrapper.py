@@ -97,6 +97,9 @@ class RuleWrapper(Strategy):
     def check(self, module: LightningModule, datamodule: Any) -> list[str]:
         return self.rule.check(module, datamodule)
 
+    def check_round_size(self, sampled: int, trained: int) -> list[str]:
+        return self.rule.check_round_size(sampled, trained)
+
     def on_fit_start(self, context: RunContext) -> None:
         self.rule.on_fit_start(context)
 

@@ -180,3 +180,68 @@ def test_auto_vectorises_equal_clients_and_keeps_unequal_ones_sequential_on_a_cp
     equal = FederatedDataModule(ClientImages([30] * 10, list(range(10))), batch_size=10, test_fraction=0.0)
     line, vectorised = auto_choice(capsys, MLP, equal, 10)
     assert vectorised and "clients train vectorised" in line and "10.0" in line
+
+
+class FailsOnClient(Recording):
+    """Client ``bad``'s batches raise as they are drawn, in the sequential and the vectorised loop alike."""
+
+    def __init__(self, bad):
+        super().__init__()
+        self.bad = bad
+
+    def transform_batch(self, context, client, batch):
+        if client == self.bad:
+            raise ValueError(f"a corrupt sample of client {client}")
+        return batch
+
+
+def test_one_failing_client_leaves_only_itself_out_of_its_vectorised_group(tmp_path):
+    sgd = lambda p: torch.optim.SGD(p, lr=0.05)  # noqa: E731
+    results = {}
+    for batching in (None, 4):  # every client of the eight each round, vectorised in two groups of four
+        torch.manual_seed(0)
+        trainer = FederatedTrainer(
+            rounds=2, clients_per_round=8, local_epochs=2, logger=None, enable_progress_bar=False,
+            client_batching=batching, precision="64-true", default_root_dir=tmp_path / str(batching),
+        )  # fmt: skip
+        strategy = FailsOnClient(bad=2)
+        with pytest.warns(UserWarning, match=r"1 of 8 clients failed .* client 2 \(ValueError"):
+            trainer.fit(ClassificationClient(optimizer=sgd, **MLP), images(), strategy)
+        results[batching] = trainer, strategy
+    (sequential, plans), (batched, batched_plans) = results[None], results[4]
+    assert not isinstance(batched.fits.vectorised, str)  # a client's failure does not stop vectorising
+    assert [row["round/clients_failed"] for row in batched.history] == [1.0, 1.0]
+    assert batched_plans.rounds == plans.rounds and [len(r) for r in plans.rounds] == [7, 7]
+    torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)
+
+
+class Branchy(torch.nn.Module):
+    """An MLP whose ReLU runs only when the hidden layer's sum is positive: control flow that depends on the data,
+    which ``torch.func.vmap`` refuses."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 16), torch.nn.Linear(16, num_classes)
+
+    def forward_features(self, x):
+        h = self.a(x.flatten(1))
+        return h.relu() if h.sum() > 0 else h
+
+    def forward_head(self, features):
+        return self.b(features)
+
+    def forward(self, x):
+        return self.forward_head(self.forward_features(x))
+
+
+def test_a_network_that_cannot_be_vectorised_switches_the_run_to_the_sequential_loop(capsys):
+    branchy = {**MLP, "model": f"{__name__}.Branchy", "model_kwargs": {}}
+    sgd = lambda p: torch.optim.SGD(p, lr=0.05)  # noqa: E731
+    sequential, plans = run(images(), branchy, sgd, None, rounds=2)
+    capsys.readouterr()
+    batched, batched_plans = run(images(), branchy, sgd, 6, rounds=2)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "clients train one after another" in line]
+    assert len(lines) == 1 and "vectorising the network failed in round 1 (RuntimeError: vmap" in lines[0]
+    assert [row["round/clients_failed"] for row in batched.history] == [0.0, 0.0]
+    assert batched_plans.rounds == plans.rounds
+    torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=0)

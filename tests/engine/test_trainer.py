@@ -525,13 +525,21 @@ def scalar_run(tmp_path, lr, rounds=1, **kwargs):
 
 
 def test_a_huge_but_finite_update_is_left_out_and_counted(tmp_path):
-    with pytest.warns(UserWarning) as caught:
-        trainer, metrics = scalar_run(tmp_path, lr=1e6)
+    with pytest.warns(UserWarning) as caught, pytest.raises(ConfigError) as err:
+        scalar_run(tmp_path, lr=1e6)
     messages = [str(warning.message) for warning in caught]
     assert any(re.match(r"Client 0's update in round 1 has norm 2e\+06, more than .* = 1e\+03", m) for m in messages)
-    assert "No client state was aggregated in round 1; the global model stays as it was." in messages
-    assert trainer.global_state.item() == 0.0  # neither 2e6 nor 3e6 entered W^1
-    assert (metrics["round/clients_outsized"], metrics["round/clients_nonfinite"]) == (2.0, 0.0)
+    # neither 2e6 nor 3e6 may enter W^1, and a run that aggregates nobody would end untrained: it stops
+    assert "could be aggregated: of its 2 clients, 0 returned NaN/Inf and 2 moved further" in str(err.value)
+    assert "no checkpoint was written yet" in str(err.value)
+    data = FederatedDataModule(ScalarDataset([8, 8, 8], [2.0, 3.0, 1e9]), batch_size=100, test_fraction=0.5)
+    trainer = FederatedTrainer(
+        rounds=1, clients_per_round=3, local_epochs=1, logger=None, enable_progress_bar=False, default_root_dir=tmp_path
+    )
+    with pytest.warns(UserWarning, match="Client 2's update in round 1"):
+        metrics = trainer.fit(ScalarClient(lr=1.0), data, FedAvg())
+    assert trainer.global_state.item() == pytest.approx(2.5)  # the outsized one left out: (2 + 3) / 2
+    assert (metrics["round/clients_outsized"], metrics["round/clients_nonfinite"]) == (1.0, 0.0)
     # within the bound (‖Δ‖ = 2, 3 ≤ 1000 · (0 + 1)) both count, equally weighted: (2 + 3) / 2
     trainer, metrics = scalar_run(tmp_path, lr=1.0)
     assert trainer.global_state.item() == pytest.approx(2.5) and metrics["round/clients_outsized"] == 0.0

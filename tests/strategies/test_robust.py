@@ -1,6 +1,7 @@
 """RobustAggregation through the engine, on ScalarClient: a full-batch SGD step with lr 1 on ½(w − y_k)² lands on
 client k's target, so the round's states are the targets and every aggregate is known by hand."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from fedlight.cli import build_parser
 from fedlight.data import FederatedDataModule
 from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
+from fedlight.gather import StateChunks
 from fedlight.strategies import Attack, FedAvg, FedAvgM, FedProx, RobustAggregation
 from fedlight.testing import ScalarClient, ScalarDataset
 
@@ -87,6 +89,44 @@ def test_state_round_trips_through_a_checkpoint(tmp_path):
 def test_too_few_clients_for_krum_names_the_flags(tmp_path):
     with pytest.raises(ConfigError, match="clients_per_round"):
         fit(tmp_path, SIZES[:4], VALUES[:4], RobustAggregation(aggregator="krum", f=1))
+
+
+@pytest.mark.parametrize(
+    ("aggregator", "f", "clients", "needed"), [("krum", 2, 5, "2f + 3 = 7"), ("bulyan", 1, 6, "4f + 3 = 7")]
+)
+def test_krum_and_bulyan_bounds_are_checked_before_the_run_folder(tmp_path, aggregator, f, clients, needed):
+    with pytest.raises(ConfigError, match=rf"f={f} needs at least {re.escape(needed)} clients per round") as err:
+        fit(tmp_path, [4] * clients, [1.0] * clients, RobustAggregation(aggregator=aggregator, f=f))
+    assert f"but {clients} train each round" in str(err.value)
+    assert not list(tmp_path.rglob("version_*"))  # refused before any run folder or round
+
+
+def test_a_client_the_engine_leaves_out_counts_among_the_tolerated_f(tmp_path):
+    # seven clients, f = 1; client 6's target is 1e30, whose loss overflows fp32, so the engine leaves it out as
+    # non-finite. It is the one tolerated Byzantine client: Bulyan aggregates the other six with f = 0, whose
+    # selection keeps all six and whose trimmed mean around the median keeps θ − 2f = 6 values: the plain mean of
+    # 1…6.
+    values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 1e30]
+    with pytest.warns(UserWarning, match="Client 6 returned a state with NaN/Inf"):
+        trainer, metrics = fit(tmp_path, [4] * 7, values, RobustAggregation(aggregator="bulyan", f=1))
+    assert metrics["round/clients_aggregated"] == 6
+    assert trainer.global_state.item() == pytest.approx(sum(values[:6]) / 6)
+
+
+def test_more_clients_left_out_than_f_lower_f_to_what_the_rest_admit_with_a_warning():
+    # Krum with f = 1 over 3 states (two of five left out): f − 2 < 0, so f = 0, which K = 3 > 2 admits: one
+    # neighbour each, scores 4, 1, 1 for 0, 2, 3, and the tie goes to the smaller state, 2. Over 2 states not even
+    # f = 0 is admitted (K > 2), so their coordinate-wise median, the midpoint, is taken.
+    from fedlight.plans import ClientPlan, ClientUpdate
+
+    rule = RobustAggregation(aggregator="krum", f=1)
+    rule.on_round_start(None, 0, [ClientPlan(k, 1, False) for k in range(5)])
+    updates = [ClientUpdate(k, 1, 1, 1, 0.0) for k in range(3)]
+    states = torch.tensor([[0.0], [2.0], [3.0]])
+    assert rule.aggregate_chunks(torch.zeros(1), StateChunks.of(states), updates).item() == 2.0
+    with pytest.warns(UserWarning, match="cannot aggregate the 2 clients left .* coordinate-wise median"):
+        aggregate = rule.aggregate_chunks(torch.zeros(1), StateChunks.of(states[:2]), updates[:2])
+    assert aggregate.item() == 1.0
 
 
 def test_bad_settings_are_reported_together():

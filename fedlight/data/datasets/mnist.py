@@ -17,6 +17,7 @@ from torchvision.datasets import MNIST as TorchvisionMNIST
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
 from fedlight.data.datasets.download import through_torchvision
+from fedlight.errors import ConfigError
 
 # FedProx adds this to the per-pixel standard deviation (0–255 scale) before dividing.
 _STD_EPS = 0.001
@@ -59,14 +60,23 @@ class MNIST(FederatedDataset):
 def _read_split(root: str, train: bool, download: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns one split's ``[N, 28, 28]`` uint8 images and ``[N]`` labels, or raises a :class:`ConfigError`."""
     raw = Path(root) / "MNIST" / "raw"
-    split = through_torchvision(
-        lambda: TorchvisionMNIST(root, train=train, download=download),
-        "MNIST",
-        TorchvisionMNIST.mirrors,
-        root,
-        raw,
-        download,
-        missing="put the four uncompressed files train-images-idx3-ubyte, train-labels-idx1-ubyte, "
-        f"t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte into {raw}/.",
-    )
+    try:
+        split = through_torchvision(
+            lambda: TorchvisionMNIST(root, train=train, download=download),
+            "MNIST",
+            TorchvisionMNIST.mirrors,
+            root,
+            raw,
+            download,
+            missing="put the four uncompressed files train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+            f"t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte into {raw}/.",
+        )
+    except (AssertionError, ValueError) as error:  # torchvision's checks of the IDX files' headers and sizes
+        kind = "train" if train else "t10k"
+        raise ConfigError(
+            f"The MNIST files {raw}/{kind}-images-idx3-ubyte and {raw}/{kind}-labels-idx1-ubyte (under "
+            f"--data.dataset.init_args.root={root}) are not valid IDX files ({type(error).__name__}"
+            f"{': ' + str(error) if str(error) else ''}): damaged, compressed or of another dataset. Replace them with "
+            "the four uncompressed files of MNIST."
+        ) from None
     return split.data, split.targets

@@ -34,7 +34,7 @@ class NpzDataset(FederatedDataset):
                 f"--data.dataset.init_args.path={self.path} does not exist. Save your arrays there with "
                 "numpy.savez(path, inputs=x, targets=y, groups=client_ids), or point the flag at the file."
             )
-        with np.load(self.path) as arrays:
+        with _open(self.path) as arrays:
             missing = {"inputs", "targets"} - set(arrays.files)
             if missing:
                 raise ConfigError(
@@ -48,12 +48,21 @@ class NpzDataset(FederatedDataset):
                     f"--data.dataset.init_args.path={self.path} holds {found}: every sample needs one of each. "
                     "Save arrays of one length with numpy.savez(path, inputs=x, targets=y, groups=client_ids)."
                 )
+            targets = arrays["targets"]
+            if not (np.issubdtype(targets.dtype, np.integer) or targets.dtype == bool):
+                numeric = np.issubdtype(targets.dtype, np.number)
+                fractional = int((targets != np.round(targets)).sum()) if numeric else len(targets)
+                raise ConfigError(
+                    f"--data.dataset.init_args.path={self.path} holds targets of dtype {targets.dtype}, not integer "
+                    f"class labels ({fractional} of {len(targets)} values are not whole numbers); they would be "
+                    "truncated. Save them as integers: numpy.savez(path, inputs=x, targets=y.astype(numpy.int64), ...)."
+                )
             self.has_groups = "groups" in arrays.files and not ignore_groups
             self.input_shape = tuple(arrays["inputs"].shape[1:])
             self.num_classes = num_classes if num_classes is not None else int(arrays["targets"].max()) + 1
 
     def load_train(self) -> LabelledTensors:
-        with np.load(self.path) as arrays:
+        with _open(self.path) as arrays:
             groups = arrays["groups"] if self.has_groups else None
             return LabelledTensors(
                 torch.from_numpy(arrays["inputs"]).float(), torch.from_numpy(arrays["targets"]).long(), groups
@@ -69,3 +78,21 @@ class NpzDataset(FederatedDataset):
             "--data.partitioner=fedlight.data.partition.Natural for one client per id, or set "
             "--data.dataset.init_args.ignore_groups=true to partition anew."
         ]
+
+
+def _open(path: Path) -> Any:
+    """``numpy.load`` of an ``.npz``, or a ConfigError naming the file when it is not one (a text file, a bare
+    ``.npy``, a truncated archive)."""
+    try:
+        arrays = np.load(path)
+    except Exception as err:  # numpy's and zipfile's errors differ by what the file holds instead
+        raise ConfigError(
+            f"--data.dataset.init_args.path={path} is not a readable .npz archive ({type(err).__name__}: {err}). "
+            "Save your arrays with numpy.savez(path, inputs=x, targets=y, groups=client_ids)."
+        ) from None
+    if not isinstance(arrays, np.lib.npyio.NpzFile):
+        raise ConfigError(
+            f"--data.dataset.init_args.path={path} holds a single array, not an .npz archive of named arrays. Save "
+            "them with numpy.savez(path, inputs=x, targets=y, groups=client_ids)."
+        )
+    return arrays
