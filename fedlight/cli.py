@@ -253,13 +253,16 @@ def run(args: list[str] | None = None) -> dict[str, float]:
         raise ConfigError(
             f"Expected --seed_everything in [0, {MAX_SEED}] (numpy's seed range), got {sub_cfg.seed_everything}."
         )
+    missing = missing_logger_packages(sub_cfg.trainer.logger)
+    if missing:
+        raise ConfigError(*missing)
     resolved = _resolved_config(parser, cfg, name)
     lightning.seed_everything(sub_cfg.seed_everything, verbose=False)
     try:
         objects = parser.instantiate(cfg)[name]
-    except ValueError as err:
+    except (ValueError, ImportError) as err:
         # jsonargparse wraps errors raised by constructors; surface ours as they were written.
-        raise _config_error_in(err) or err from None
+        raise _config_error_in(err) or _missing_package_in(err) or err from None
     method = getattr(objects.trainer, name)
     return method(objects.model, objects.data, objects.strategy, ckpt_path=sub_cfg.ckpt_path, config=resolved)
 
@@ -413,6 +416,54 @@ def _config_error_in(err: BaseException) -> ConfigError | None:
     while err is not None and id(err) not in seen:
         if isinstance(err, ConfigError):
             return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+#: the extra of fedlight that installs each optional package a configuration may need
+EXTRAS = {"mlflow": "mlflow", "tensorboard": "tensorboard"}
+
+
+#: the modules each Lightning logger needs (any one of them) and the fedlight extra that installs them
+LOGGER_PACKAGES = {
+    "MLFlowLogger": (("mlflow",), "mlflow"),
+    "TensorBoardLogger": (("tensorboard", "tensorboardX"), "tensorboard"),
+}
+
+
+def missing_logger_packages(loggers: Any) -> list[str]:
+    """A problem for each ``--trainer.logger`` class whose package is not installed, found before anything is built
+    (Lightning's loggers raise only in their constructors, which jsonargparse reports as a type mismatch)."""
+    import importlib.util
+
+    problems = []
+    for entry in loggers if isinstance(loggers, list) else [loggers]:
+        class_path = getattr(entry, "class_path", None) or ""
+        modules, extra = LOGGER_PACKAGES.get(class_path.rsplit(".", 1)[-1], ((), ""))
+        if modules and not any(importlib.util.find_spec(module) for module in modules):
+            problems.append(
+                f"--trainer.logger {class_path} needs the {modules[0]} package, which is not installed. Fix: pip "
+                f"install 'fedlight[{extra}]', or leave that logger out."
+            )
+    return problems
+
+
+def _missing_package_in(err: BaseException) -> ConfigError | None:
+    """A :class:`ConfigError` naming the extra to install, when building a configured class failed for want of a
+    package (an ``ImportError`` in the exception's chain, e.g. Lightning's ``MLFlowLogger`` without mlflow)."""
+    # jsonargparse's wrapper names the class that failed; an ImportError raised directly says enough itself
+    outer = "" if isinstance(err, ImportError) or not str(err) else str(err).splitlines()[0] + " "
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, ImportError):
+            text = " ".join(str(err).split())
+            extras = [extra for package, extra in EXTRAS.items() if package in text.lower()]
+            fix = f"pip install 'fedlight[{extras[0]}]'" if extras else "install the package it names"
+            return ConfigError(
+                f"{outer}A class in the configuration needs a package that is not installed ({text}). Fix: {fix}, "
+                "or leave that class out of the configuration."
+            )
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return None
