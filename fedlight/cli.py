@@ -34,7 +34,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter,
 from jsonargparse import Path as ConfigPath
 
 from fedlight import checkpoint as ckpt_io
-from fedlight import compare
+from fedlight import compare, sweep
 from fedlight.clients.base import FederatedClient
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.engine.trainer import FederatedTrainer
@@ -231,6 +231,9 @@ def build_parser() -> ArgumentParser:
     compare_parser = _Parser(description=compare.DESCRIPTION)
     compare.add_arguments(compare_parser)
     subcommands.add_subcommand("compare", compare_parser, help=compare.DESCRIPTION.split("?")[0] + "?")
+    sweep_parser = _Parser(description=sweep.DESCRIPTION)  # run by fedlight.sweep, as compare is
+    sweep.add_arguments(sweep_parser)
+    subcommands.add_subcommand("sweep", sweep_parser, help=sweep.DESCRIPTION.split(";")[0] + ".")
     return parser
 
 
@@ -422,7 +425,7 @@ def _config_error_in(err: BaseException) -> ConfigError | None:
 
 
 #: the extra of fedlight that installs each optional package a configuration may need
-EXTRAS = {"mlflow": "mlflow", "tensorboard": "tensorboard"}
+EXTRAS = {"mlflow": "mlflow", "tensorboard": "tensorboard", "optuna": "sweep"}
 
 
 #: the modules each Lightning logger needs (any one of them) and the fedlight extra that installs them
@@ -480,6 +483,8 @@ def main(args: list[str] | None = None) -> None:
     try:
         if args and args[0] == "compare":  # a paired test of two finished runs, not a training stage
             return compare.main(list(args[1:]))
+        if args and args[0] == "sweep":  # many fit runs, each through run()
+            return sweep.main(list(args[1:]))
         run(args)
     except ConfigError as err:
         print(f"fedlight: error: {err}", file=sys.stderr)
