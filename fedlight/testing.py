@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -133,6 +134,24 @@ class SigkillAtRound(RoundCallback):
 
     def on_round_start(self, context, round_idx: int) -> None:
         if round_idx == self.round_idx:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SigkillOnce(RoundCallback):
+    """Kills its own process with SIGKILL when round ``round_idx`` starts for the ``skip + 1``-th time in any run
+    that shares the file ``marker`` (which counts those starts), so that one run of a sweep dies and the others,
+    and its own retry, go on."""
+
+    def __init__(self, round_idx: int, marker: str, skip: int = 0) -> None:
+        self.round_idx, self.marker, self.skip = round_idx, marker, skip
+
+    def on_round_start(self, context, round_idx: int) -> None:
+        if round_idx != self.round_idx:
+            return
+        path = Path(self.marker)
+        starts = int(path.read_text()) if path.is_file() else 0
+        path.write_text(str(starts + 1))
+        if starts == self.skip:
             os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -1,8 +1,8 @@
 """The ``fedlight`` command imports the heavy optional libraries only where a run uses them.
 
-W&B, scikit-learn, timm, segmentation-models-pytorch and dp-accounting each cost up to seconds per process;
-``fedlight fit --help`` needs none of them, yet must still list every registered network, client and
-strategy. Timings live in ``benchmarks/speed/startup.py``; this test checks which modules are loaded.
+W&B, scikit-learn, timm, segmentation-models-pytorch, dp-accounting, Optuna, MLflow and TensorBoard each cost up
+to seconds per process; ``fedlight fit --help`` needs none of them, yet must still list every registered network,
+client and strategy. Timings live in ``benchmarks/speed/startup.py``; this test checks which modules are loaded.
 """
 
 import json
@@ -14,7 +14,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 # Imported by fedlight only inside the functions, models and loggers that use them.
-NEVER_AT_START = ("wandb", "sklearn", "timm", "segmentation_models_pytorch", "dp_accounting", "pandas")
+NEVER_AT_START = (
+    "wandb", "sklearn", "timm", "segmentation_models_pytorch", "dp_accounting", "pandas", "optuna", "mlflow",
+    "tensorboard", "mlxtend",
+)  # fmt: skip
 # Lightning's own import already loads parts of these (through torchmetrics); fedlight must add none.
 NOTHING_BEYOND_LIGHTNING = ("matplotlib", "scipy", "torchvision", "PIL")
 

@@ -120,8 +120,9 @@ def is_done(run: Run, root: Path) -> bool:
     return len(read_metrics(latest_version(root, run.name))) >= run.rounds
 
 
-def run_all(runs: Sequence[Run], out: Path, jobs: int) -> list[str]:
-    """Runs every run that is not done, ``jobs`` at a time, each after its reference; returns the failures."""
+def run_all(runs: Sequence[Run], out: Path, jobs: int, command=command) -> list[str]:
+    """Runs every run that is not done, ``jobs`` at a time, each after its reference; returns the failures.
+    ``command(run, root)`` gives a run's command line (another benchmark may pass its own)."""
     root, logs = out / "runs", out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled"}

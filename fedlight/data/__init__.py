@@ -12,6 +12,7 @@ from fedlight.data.datasets.femnist import FEMNIST
 from fedlight.data.datasets.hf import HFDataset
 from fedlight.data.datasets.ladd_splits import GTA5, CityscapesFFREEDA, CrossCity, Mapillary
 from fedlight.data.datasets.mnist import MNIST
+from fedlight.data.datasets.mnist_subset import MNISTSubset
 from fedlight.data.datasets.npz import NpzDataset
 from fedlight.data.datasets.synthetic import Synthetic
 from fedlight.data.datasets.tiny_imagenet import TinyImageNet
@@ -39,6 +40,7 @@ __all__ = [
     "FederatedDataset",
     "HFDataset",
     "LabelledTensors",
+    "MNISTSubset",
     "Mapillary",
     "NpzDataset",
     "PascalVOC",

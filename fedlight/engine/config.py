@@ -10,9 +10,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fedlight.context import due
+
+if TYPE_CHECKING:
+    from lightning.fabric.loggers import Logger
 
 Precision = Literal["32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true"]
 LoggerName = Literal["csv", "wandb"]
@@ -222,11 +225,11 @@ class GuardSettings:
 
 @dataclass(frozen=True)
 class LoggingSettings:
-    """Where a run writes and what it tells W&B."""
+    """Where a run writes, what it tells W&B, and the other loggers (Lightning ``Logger`` instances)."""
 
     default_root_dir: Path
     name: str
-    loggers: tuple[LoggerName, ...]
+    loggers: tuple[LoggerName | Logger, ...]
     wandb_project: str | None
     wandb_entity: str | None
     wandb_mode: WandbMode | None

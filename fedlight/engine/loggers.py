@@ -1,4 +1,4 @@
-"""Per-round metrics to ``metrics.csv`` and to Weights & Biases (offline by default)."""
+"""Per-round metrics to ``metrics.csv``, to Weights & Biases (offline by default) and to any Lightning logger."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fedlight.engine import trackers
 from fedlight.engine.config import LoggingSettings, WandbMode
 
 
@@ -197,7 +198,7 @@ def client_spread(computed: dict[str, Any]) -> dict[str, Any]:
 
 
 class RunLoggers:
-    """The run folder's ``config.yaml``, ``metrics.csv`` and W&B run, written from rank 0 only.
+    """The run folder's ``config.yaml``, ``metrics.csv``, W&B run and Lightning loggers, written from rank 0 only.
 
     Args:
         settings: which loggers and the W&B fields.
@@ -209,11 +210,24 @@ class RunLoggers:
         self.rank = rank
         self._csv: RoundCSV | None = None
         self._wandb: Any = None
+        #: the Lightning loggers given by class path, in the order of ``--trainer.logger``
+        self.trackers: list[Any] = [logger for logger in settings.loggers if not isinstance(logger, str)]
 
     def start(
-        self, run_dir: Path, config: dict[str, Any] | None, history: list[dict[str, float]], wandb_id: str
+        self,
+        run_dir: Path,
+        config: dict[str, Any] | None,
+        history: list[dict[str, float]],
+        wandb_id: str,
+        tracker_runs: list[dict[str, Any] | None] | None = None,
     ) -> None:
-        """Writes the configuration and opens the loggers; W&B's run itself starts at the first logged round."""
+        """Writes the configuration and opens the loggers; W&B's run itself starts at the first logged round.
+
+        Args:
+            tracker_runs: the runs of the Lightning loggers that the checkpoint being resumed recorded
+                (:meth:`tracker_runs`); each logger that can, continues its run, and the others start one and
+                receive the configuration as hyper-parameters.
+        """
         self._csv = self._wandb = None
         if self.rank != 0:
             return
@@ -237,16 +251,31 @@ class RunLoggers:
                 tags=settings.wandb_tags,
                 notes=settings.wandb_notes,
             )
+        recorded = list(tracker_runs or [])
+        recorded += [None] * (len(self.trackers) - len(recorded))
+        for logger, run in zip(self.trackers, recorded, strict=False):
+            if trackers.continue_run(logger, run):
+                continue  # its run has the hyper-parameters already (MLflow refuses to change them)
+            trackers.name_run(logger, settings.name)
+            if config is not None:
+                logger.log_hyperparams(trackers.hyperparameters(config))
+
+    def tracker_runs(self) -> list[dict[str, Any] | None]:
+        """What names each Lightning logger's run, for the checkpoint (None where a logger cannot continue one)."""
+        return [trackers.run_identity(logger) for logger in self.trackers] if self.rank == 0 else []
 
     def log(self, scalars: dict[str, float], metrics: dict[str, Any]) -> None:
         """One round's ``scalars`` (the history row, already appended) and the histograms among ``metrics``."""
         if self.rank != 0:
             return
+        step = int(scalars["round"])
         if self._csv is not None:
             self._csv.log(scalars)
         if self._wandb is not None:
             logged = {k: v for k, v in scalars.items() if k != "round"} | histogram_metrics(metrics)
-            self._wandb.log_metrics(logged, step=int(scalars["round"]))
+            self._wandb.log_metrics(logged, step=step)
+        for logger in self.trackers:
+            logger.log_metrics({k: v for k, v in scalars.items() if k != "round"}, step=step)
 
     def log_images(self, images: dict[str, list[Any]], step: int) -> None:
         """Sends images (file paths, arrays or PIL images) to W&B under their keys, from rank 0; CSV keeps none."""
@@ -256,6 +285,9 @@ class RunLoggers:
             self._wandb.log_image(key=key, images=list(values), step=step)
 
     def finish(self) -> None:
+        if self.rank == 0:
+            for logger in self.trackers:
+                logger.finalize("success")
         if self._wandb is not None:
             self._wandb.finalize("success")
             import wandb

@@ -2,9 +2,9 @@
 
 ``checkpoints/last.ckpt`` keeps the whole run state: the global model (W^t, integer buffers, frozen parts,
 clusters), the strategy's and callbacks' states, the torch generator, the round, the metric history, the W&B
-run id, the partition's sizes and digests, and the resolved configuration. Randomness is derived from the seed
-and the round (:mod:`fedlight.engine.streams`), so nothing else is needed for a resumed run to end with exactly
-the numbers of an uninterrupted one.
+run id and the runs of the other trackers, the partition's sizes and digests, and the resolved configuration.
+Randomness is derived from the seed and the round (:mod:`fedlight.engine.streams`), so nothing else is needed
+for a resumed run to end with exactly the numbers of an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ def run_state(
     callbacks: list[Any],
     history: list[dict[str, float]],
     wandb_id: str,
+    tracker_runs: list[dict[str, Any] | None],
     datamodule: FederatedDataModule,
     data_fingerprint: dict[str, str] | None,
     config: dict[str, Any] | None,
@@ -50,6 +51,7 @@ def run_state(
         "torch_rng": torch.get_rng_state(),
         "history": history,
         "wandb_id": wandb_id,
+        "tracker_runs": tracker_runs,
         "num_samples": datamodule.num_samples.tolist(),
         "data_fingerprint": data_fingerprint,
         "config": config,

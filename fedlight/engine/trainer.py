@@ -8,7 +8,7 @@ One round::
                → the strategy's server update; or the gathered states, for rules that need them all
     evaluate   every ``eval_every`` rounds: the clients' held-out splits (all, or a sample of ``eval_clients``)
                and the global test set
-    log        metrics.csv and W&B, the round (counted from 1) as the step
+    log        metrics.csv, W&B and Lightning loggers, the round (counted from 1) as the step
     checkpoint every ``checkpoint_every`` rounds, at the end and when SIGINT/SIGTERM asked to stop, atomically
 
 The trainer keeps the signature and the loop; each concern is a piece of :mod:`fedlight.engine` that owns its
@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.fabric import Fabric
+from lightning.fabric.loggers import Logger
 
 from fedlight import checkpoint as ckpt_io
 from fedlight.callbacks.base import RoundCallback
@@ -131,8 +132,14 @@ class FederatedTrainer:
             default layout by float rounding. Models without 4-D weights are unaffected.
         default_root_dir: where runs go: ``<default_root_dir>/<name>/version_<n>/``.
         name: the experiment's folder name and W&B run name (the command line uses the first config file's name).
-        logger: where per-round metrics go besides the progress bar: ``csv`` (``metrics.csv``) and/or
-            ``wandb``.
+        logger: where per-round metrics go besides the progress bar, one or a list: ``csv`` (``metrics.csv`` in the
+            run folder), ``wandb`` (configured by the ``wandb_*`` arguments below), and any Lightning logger by
+            ``class_path`` and ``init_args``, e.g. ``lightning.pytorch.loggers.TensorBoardLogger`` with
+            ``save_dir``, or ``lightning.pytorch.loggers.MLFlowLogger`` with ``tracking_uri`` (``pip install
+            'fedlight[tensorboard]'`` or ``'fedlight[mlflow]'``). Each gets every round's scalars with the round as
+            the step, and the resolved configuration as hyper-parameters when its run is created. A resumed run
+            continues the TensorBoard version folder, the MLflow run and the W&B run it wrote before, unless the
+            logger's own ``version``, ``run_id`` or ``id`` says otherwise; other loggers start a new run.
         wandb_project: W&B project; unset, ``WANDB_PROJECT`` or else ``fedlight``.
         wandb_entity: W&B user or team that owns the run; unset, ``WANDB_ENTITY`` or else your default entity.
         wandb_mode: ``offline`` needs no account or network (upload later with ``wandb sync``); unset,
@@ -214,7 +221,7 @@ class FederatedTrainer:
         channels_last: bool = False,
         default_root_dir: str | Path = "runs",
         name: str = "fedlight",
-        logger: list[LoggerName] | LoggerName | None = ("csv", "wandb"),
+        logger: list[LoggerName | Logger] | LoggerName | Logger | None = ("csv", "wandb"),
         wandb_project: str | None = None,
         wandb_entity: str | None = None,
         wandb_mode: WandbMode | None = None,
@@ -237,7 +244,7 @@ class FederatedTrainer:
     ) -> None:
         #: the arguments as given, described in the checkpoints of runs started from Python
         self.init_args = {name: value for name, value in locals().items() if name != "self"}
-        loggers = (logger,) if isinstance(logger, str) else tuple(logger or ())
+        loggers = (logger,) if isinstance(logger, str | Logger) else tuple(logger or ())
         self.settings = RoundSettings(
             rounds, clients_per_round, local_epochs, local_steps, straggler_fraction, eval_every, checkpoint_every
         )
@@ -689,7 +696,8 @@ class FederatedTrainer:
         self.run_dir = fabric.broadcast(run_dir)
         self.wandb_id = fabric.broadcast(self.wandb_id)
         if logging:
-            self.run_loggers.start(self.run_dir, self.config, self.history, self.wandb_id)
+            recorded = None if state is None else state.get("tracker_runs")
+            self.run_loggers.start(self.run_dir, self.config, self.history, self.wandb_id, recorded)
 
     def _build_pieces(self, evaluating: bool) -> None:
         """The engine's pieces for the run just set up, each given only what it needs."""
@@ -722,7 +730,8 @@ class FederatedTrainer:
     def _run_state(self) -> dict[str, Any]:
         return run_state(
             round_done=self.round, seed=self.seed, model=self.model, strategy=self.strategy, callbacks=self.callbacks,
-            history=self.history, wandb_id=self.wandb_id, datamodule=self.datamodule,
+            history=self.history, wandb_id=self.wandb_id, tracker_runs=self.run_loggers.tracker_runs(),
+            datamodule=self.datamodule,
             data_fingerprint=self.data_fingerprint, config=self.described, run_dir=self.run_dir,
         )  # fmt: skip
 

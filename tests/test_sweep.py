@@ -1,0 +1,186 @@
+"""``fedlight sweep``: the sweep files of conf/sweeps/ run locally on Optuna, killed and continued."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedlight.errors import ConfigError
+from fedlight.sweep import SweepFile, base_command, trial_name
+
+REPO = Path(__file__).resolve().parents[1]
+SWEEPS = sorted((REPO / "conf" / "sweeps").glob("*.yaml"))
+#: a trial: two rounds of the digits demo with two clients of one epoch, a checkpoint every round
+TINY = [
+    "--trainer.rounds=2", "--trainer.clients_per_round=2", "--trainer.local_epochs=1", "--trainer.checkpoint_every=1",
+    "--trainer.logger=csv", "--trainer.enable_progress_bar=false",
+]  # fmt: skip
+
+
+def _sweep_file(tmp_path: Path, method: str = "grid", parameters: dict | None = None) -> Path:
+    path = tmp_path / "tiny.yaml"
+    parameters = parameters or {
+        "model.init_args.optimizer.init_args.lr": {"values": [0.01, 0.1]},
+        "seed_everything": {"values": [0, 1]},
+    }
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "program": "fedlight",
+                "method": method,
+                "metric": {"name": "test/acc", "goal": "maximize"},
+                "parameters": parameters,
+                "command": ["${env}", "fedlight", "fit", "--config", str(REPO / "conf/digits/fedavg.yaml"),
+                            "--trainer.wandb_mode=online", "${args}"],
+            }
+        )
+    )  # fmt: skip
+    return path
+
+
+def _trials(storage: str, study: str) -> list:
+    import optuna
+
+    return optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
+def test_every_sweep_file_reads_as_a_local_sweep(path):
+    content = yaml.safe_load(path.read_text())
+    sweep = SweepFile.read(path)
+    assert sweep.method == content["method"] and sweep.metric == content["metric"]["name"]
+    expected = 1
+    for spec in content["parameters"].values():
+        expected *= len(spec["values"])
+    assert len(sweep.grid) == expected
+    assert sweep.command[0] == "fit" and not any(w.startswith(("${", "--trainer.wandb_mode")) for w in sweep.command)
+
+
+def test_names_and_commands():
+    assert trial_name({"a.b.lr": 0.1, "c.lr": 2}) == "b.lr=0.1-c.lr=2"  # the same last part: one more part each
+    assert base_command(["fedlight", "validate", "--config", "x.yaml", "${args_no_hyphens}"]) == [
+        "validate", "--config", "x.yaml"
+    ]  # fmt: skip
+
+
+def test_a_bad_sweep_file_lists_every_problem(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        yaml.safe_dump({"method": "hyperband", "metric": {"goal": "up"}, "parameters": {"a": {"min": 0, "max": 1,
+                        "distribution": "q_normal"}, "b": 3}})
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        SweepFile.read(path)
+    message = str(info.value)
+    for part in (
+        "method is 'hyperband'",
+        "metric.name is missing",
+        "metric.goal is 'up'",
+        "parameters.a",
+        "parameters.b",
+    ):
+        assert part in message
+
+
+def test_random_without_a_budget_names_both_ways_to_give_one_before_writing_anything(tmp_path, capsys):
+    from fedlight.cli import main
+
+    path = _sweep_file(tmp_path, "random", {"model.init_args.optimizer.init_args.lr": {"min": 0.001, "max": 0.1}})
+    with pytest.raises(SystemExit) as info:
+        main(["sweep", str(path), f"--root={tmp_path / 'runs'}"])
+    assert info.value.code == 2
+    message = capsys.readouterr().err
+    assert "--trials N" in message and "run_cap" in message
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_missing_optuna_is_one_message_naming_the_extra(tmp_path, monkeypatch, capsys):
+    from fedlight.cli import main
+
+    monkeypatch.setitem(sys.modules, "optuna", None)  # import optuna raises ImportError
+    with pytest.raises(SystemExit) as info:
+        main(["sweep", str(_sweep_file(tmp_path)), f"--root={tmp_path / 'runs'}"])
+    assert info.value.code == 2
+    assert "pip install 'fedlight[sweep]'" in capsys.readouterr().err
+
+
+def test_a_random_sweep_runs_its_trials_named_after_their_values(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("optuna", reason="sweeps need the optional extra fedlight[sweep]")
+    from fedlight.cli import main
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    path = _sweep_file(
+        tmp_path, "random", {"model.init_args.optimizer.init_args.lr": {"min": 0.001, "max": 0.1,
+                                                                         "distribution": "log_uniform_values"}}
+    )  # fmt: skip
+    root = tmp_path / "runs"
+    main(["sweep", str(path), f"--root={root}", "--trials=2", "--seed=3", *TINY])
+    storage = f"sqlite:///{root / 'tiny' / 'sweep.db'}"
+    trials = _trials(storage, "tiny")
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+    for trial in trials:
+        lr = trial.params["model.init_args.optimizer.init_args.lr"]
+        assert 0.001 <= lr <= 0.1
+        run = root / "tiny" / f"lr={lr}" / "version_0"
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        assert config["model"]["init_args"]["optimizer"]["init_args"]["lr"] == lr
+        assert config["trainer"]["wandb_group"] == "tiny"  # W&B runs grouped by the sweep
+        last = (run / "metrics.csv").read_text().splitlines()[-1].split(",")
+        header = (run / "metrics.csv").read_text().splitlines()[0].split(",")
+        assert float(last[header.index("test/acc")]) == pytest.approx(trial.value)
+    table = capsys.readouterr().out
+    assert "2 of 2 trials complete" in table and table.count("| complete |") == 2
+
+
+def test_a_killed_grid_sweep_continues_in_two_processes_with_every_point_once(tmp_path):
+    pytest.importorskip("optuna", reason="sweeps need the optional extra fedlight[sweep]")
+    root, marker = tmp_path / "runs", tmp_path / "starts"
+    killer = {"class_path": "fedlight.testing.SigkillOnce",
+              "init_args": {"round_idx": 1, "marker": str(marker), "skip": 1}}  # fmt: skip
+    command = [sys.executable, "-m", "fedlight", "sweep", str(_sweep_file(tmp_path)), f"--root={root}",
+               "--heartbeat=1", *TINY, f"--trainer.callbacks+={json.dumps(killer)}"]  # fmt: skip
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    # The first trial runs both rounds; the second is killed as its round 2 starts, after round 1's checkpoint.
+    first = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    storage = f"sqlite:///{root / 'tiny' / 'sweep.db'}"
+    assert [t.state.name for t in _trials(storage, "tiny")] == ["COMPLETE", "RUNNING"]  # as the kill left them
+
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    workers = [subprocess.Popen(command, env=env, cwd=tmp_path, **pipes) for _ in range(2)]
+    outputs = [worker.communicate(timeout=300) for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0], [err[-2000:] for _, err in outputs]
+
+    trials = _trials(storage, "tiny")
+    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    points = sorted((t.params["model.init_args.optimizer.init_args.lr"], t.params["seed_everything"]) for t in complete)
+    assert points == [(0.01, 0), (0.01, 1), (0.1, 0), (0.1, 1)]  # every point of the grid, none twice
+    killed = trials[1]
+    assert killed.state.name == "FAIL"
+    retry = next(t for t in complete if t.system_attrs.get("failed_trial") == killed.number)
+    assert retry.params == killed.params
+    # the retry continued the killed run from its round-1 checkpoint instead of starting a second one
+    run = Path(retry.user_attrs["run"])
+    assert sorted(p.name for p in run.iterdir()) == ["version_0"]
+    rounds = [line.split(",")[0] for line in (run / "version_0" / "metrics.csv").read_text().splitlines()[1:]]
+    assert rounds == ["1", "2"]
+
+
+def test_a_sweep_stopped_before_it_ends_is_not_a_new_sweep(tmp_path, monkeypatch):
+    pytest.importorskip("optuna", reason="sweeps need the optional extra fedlight[sweep]")
+    from fedlight.cli import main
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    path = _sweep_file(tmp_path, parameters={"seed_everything": {"values": [0, 1]}})
+    root = tmp_path / "runs"
+    main(["sweep", str(path), f"--root={root}", *TINY])
+    started = time.time()
+    main(["sweep", str(path), f"--root={root}", *TINY])  # nothing left: the table only
+    assert time.time() - started < 30
+    assert len(_trials(f"sqlite:///{root / 'tiny' / 'sweep.db'}", "tiny")) == 2
