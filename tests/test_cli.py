@@ -499,7 +499,8 @@ def test_a_resumed_run_continues_its_wandb_run(tmp_path, monkeypatch):
     wandb.teardown()  # W&B's service writes a finished run's file in the background; this waits for it
     first, resumed = sorted((run_dir / "wandb").glob("offline-run-*"))  # by start time
     run_id = first.name.rsplit("-", 1)[1]
-    assert resumed.name.endswith(f"-{run_id}")  # the same W&B run, in a second offline folder
+    # the same W&B run, in a second offline folder (W&B appends "-1" when both folders start in the same second)
+    assert re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{run_id}(-\d+)?", resumed.name), resumed.name
     assert (_logged_rounds(first), _logged_rounds(resumed)) == ([1, 2], [3])
 
 

@@ -128,7 +128,7 @@ def test_the_commands_help_lists_compare_and_its_own_help_is_plain_text(capsys):
         text = capsys.readouterr().out
         assert "Is run B better than run A on the same test images?" in text
         assert "``" not in text and ":class:" not in text and ":func:" not in text
-    assert "usage: fedlight {fit,validate,test,compare}" in " ".join(_help_usage(["--help"], capsys).split())
+    assert "usage: fedlight {fit,validate,test,compare,sweep}" in " ".join(_help_usage(["--help"], capsys).split())
 
 
 def _help_usage(args, capsys):
