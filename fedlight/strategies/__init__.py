@@ -14,6 +14,7 @@ from fedlight.strategies.fedcc_moon import FedCCMOON
 from fedlight.strategies.fedcc_prox import FedCCProx
 from fedlight.strategies.feddecorr import FedDecorr
 from fedlight.strategies.fednova import FedNova
+from fedlight.strategies.fedopt import FedAdagrad, FedAdam, FedOpt, FedYogi
 from fedlight.strategies.fedproto import FedProto
 from fedlight.strategies.fedprox import FedProx
 from fedlight.strategies.fedsl import FedSL
@@ -33,6 +34,8 @@ __all__ = [
     "DPFedAvg",
     "Fairness",
     "FedAU",
+    "FedAdagrad",
+    "FedAdam",
     "FedAtt",
     "FedAvg",
     "FedAvgM",
@@ -41,10 +44,12 @@ __all__ = [
     "FedCCProx",
     "FedDecorr",
     "FedNova",
+    "FedOpt",
     "FedProto",
     "FedProx",
     "FedSL",
     "FedSLS",
+    "FedYogi",
     "RobustAggregation",
     "RuleWrapper",
     "Strategy",
