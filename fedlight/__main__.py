@@ -1,19 +1,20 @@
 """The ``fedlight`` command (and ``python -m fedlight``).
 
-A help page already written on this installation comes from :mod:`fedlight.help_cache` without importing
-torch or Lightning; everything else is :func:`fedlight.cli.main`.
+A help page shipped with the package (:mod:`fedlight.help_pages`) or already written on this installation
+(:mod:`fedlight.help_cache`) is printed without importing torch or Lightning; everything else is
+:func:`fedlight.cli.main`.
 """
 
 from __future__ import annotations
 
 import sys
 
-from fedlight import help_cache
+from fedlight import help_cache, help_pages
 
 
 def main(args: list[str] | None = None) -> None:
     args = sys.argv[1:] if args is None else list(args)
-    page = help_cache.lookup(args)
+    page = help_pages.shipped(args) or help_cache.lookup(args)
     if page is not None:
         sys.stdout.write(page)
         return

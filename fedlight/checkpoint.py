@@ -30,6 +30,8 @@ LAST, PREVIOUS = "last.ckpt", "previous.ckpt"
 RESUMABLE_KEYS = (
     "trainer.rounds",
     "trainer.eval_every",
+    "trainer.eval_clients",
+    "trainer.full_eval_every",
     "trainer.checkpoint_every",
     "trainer.accelerator",
     "trainer.devices",

@@ -10,6 +10,9 @@ request with the same key prints the file without importing anything heavy; any 
 edited module, a wider terminal) writes the page afresh. A command line with anything more (``--config``,
 which changes the defaults shown) is never served from the cache.
 
+The pages shipped in the package (:mod:`fedlight.help_pages`) come first; this cache serves the installations
+they were not recorded from (an editable install whose sources were edited, another Python version).
+
 The folder is ``$FEDLIGHT_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedlight``, else ``~/.cache/fedlight``; one
 file per subcommand. A folder that cannot be written leaves the help uncached and changes nothing else.
 """

@@ -1,6 +1,8 @@
 """The ``fedlight`` command, run in-process (importing the package once is the slow part)."""
 
+import copy
 import csv
+import functools
 import importlib.util
 import os
 import re
@@ -14,7 +16,7 @@ import yaml
 from fedlight import checkpoint as ckpt_io
 from fedlight.cli import build_parser, main, run
 from fedlight.errors import ConfigError
-from fedlight.models import list_models
+from fedlight.models import list_models, registry
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "conf").rglob("*.yaml"))
@@ -22,15 +24,58 @@ SYNTHETIC = str(REPO / "conf/fedproto/synthetic/fedavg_delta0.yaml")
 QUICK = ["--trainer.local_epochs=1", "--trainer.clients_per_round=3", "--trainer.enable_progress_bar=false"]
 
 
+@pytest.fixture(scope="module")
+def parser():
+    """One parser for the tests of every config: building it costs more than parsing a config, and parsing or
+    instantiating leaves it as it was (``test_a_shared_parser_parses_as_a_fresh_one``)."""
+    return build_parser()
+
+
+@pytest.fixture(scope="module")
+def parsed(parser):
+    """``parser.parse_args(["fit", *args])``, each command line parsed once per module; callers get a copy."""
+    parse = functools.cache(lambda *args: parser.parse_args(["fit", *args]))
+    return lambda *args: parse(*args).clone()
+
+
+@pytest.fixture(scope="module")
+def resolved(parser, parsed):
+    """The leaves of the configuration a stack of files resolves to (read, never changed, by the tests)."""
+    return functools.cache(lambda *files: _leaves(yaml.safe_load(parser.dump(parsed(*_stack(files)))).get("fit")))
+
+
+def _stack(files) -> list[str]:
+    return [arg for f in files for arg in ("--config", str(f))]
+
+
+@pytest.fixture(scope="module")
+def networks_built_once():
+    """Each distinct network (registered name, input shape, classes, options) is built once and copied for every
+    other config that asks for the same: drawing a network's initial weights is most of what instantiating a
+    config costs, and a copy of a constructor's output for the same arguments is that constructor's network.
+    Every config's client, trainer, data module and rule are still built from the config itself."""
+    built = {}
+    build = registry._build
+
+    def once(name, factory, input_shape, num_classes, kwargs):
+        key = (name, input_shape, num_classes, repr(sorted(kwargs.items())))
+        if key not in built:
+            built[key] = build(name, factory, input_shape, num_classes, kwargs)
+        return copy.deepcopy(built[key])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(registry, "_build", once)
+        yield
+
+
 @pytest.mark.parametrize(
     "path", [p for p in CONFIGS if "sweeps" not in p.parts], ids=lambda p: str(p.relative_to(REPO))
 )
-def test_every_config_parses_and_instantiates(path):
-    parser = build_parser()
+def test_every_config_parses_and_instantiates(parser, parsed, networks_built_once, path):
     # A file without a model (e.g. conf/fedproto/analysis.yaml) is an add-on stacked after a row config.
     keys = yaml.safe_load(path.read_text()).keys()
-    stack = [] if {"model", "config"} & keys else ["--config", SYNTHETIC]
-    cfg = parser.parse_args(["fit", *stack, "--config", str(path)])
+    stack = [] if {"model", "config"} & keys else [SYNTHETIC]
+    cfg = parsed(*_stack([*stack, path]))
     if cfg.fit.model.init_args.get("crf") and importlib.util.find_spec("pydensecrf") is None:
         # The dense CRF is an optional extra: without it the config must be refused by name at set-up, and
         # everything else in it must still build.
@@ -40,6 +85,18 @@ def test_every_config_parses_and_instantiates(path):
     objects = parser.instantiate(cfg).fit
     assert objects.trainer.rounds >= 1
     assert objects.model.net is not None
+
+
+def test_a_shared_parser_parses_as_a_fresh_one(parser):
+    """What the config tests' shared parser relies on: parsing and instantiating other configs (other clients,
+    rules, datasets) leaves the parser giving what a fresh one gives."""
+    args = ["fit", "--config", SYNTHETIC, "--config", str(REPO / "conf/fedproto/analysis.yaml")]
+    fresh = build_parser()
+    expected = fresh.dump(fresh.parse_args(args))
+    others = [next((REPO / "conf" / room).rglob("*.yaml")) for room in ("digits", "fedsls", "ladd", "robust")]
+    for other in others:
+        parser.instantiate(parser.parse_args(["fit", "--config", str(other)]))
+    assert parser.dump(parser.parse_args(args)) == expected
 
 
 def test_print_config_applies_overrides_after_the_config(capsys):
@@ -302,16 +359,10 @@ ROWS = [p for p in CONFIGS if "config" in (yaml.safe_load(p.read_text()) or {})]
 
 
 @pytest.mark.parametrize("path", ROWS, ids=lambda p: str(p.relative_to(REPO)))
-def test_a_row_config_is_its_base_file_plus_its_own_values(path):
-    parser = build_parser()
+def test_a_row_config_is_its_base_file_plus_its_own_values(resolved, path):
     row = yaml.safe_load(path.read_text())
-    base_path = path.parent / row.pop("config")
-
-    def resolved(*files):
-        stack = [arg for f in files for arg in ("--config", str(f))]
-        return _leaves(yaml.safe_load(parser.dump(parser.parse_args(["fit", *stack]))).get("fit"))
-
-    got, base, changes = resolved(path), resolved(base_path), _leaves(row)
+    base_path = (path.parent / row.pop("config")).resolve()
+    got, base, changes = resolved(path), resolved(base_path), _leaves(row)  # each base is parsed once
     for key, value in changes.items():
         assert got.get(key) == value, key  # a null leaves no entry in the dumped config
     # A changed class_path brings the new class's own init_args; everything else stays the base file's.

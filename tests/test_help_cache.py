@@ -13,7 +13,12 @@ from fedlight import help_cache
 REPO = Path(__file__).resolve().parents[1]
 SHOW_IMPORTS = """
 import sys
+from pathlib import Path
+from fedlight import help_pages
 from fedlight.__main__ import main
+shipped = {shipped!r}
+if shipped is not True:  # no shipped pages, or those of another file
+    help_pages.SHIPPED = Path(shipped or "no-shipped-pages.json")
 try:
     main({args!r})
 finally:  # also after the parser's help, which exits
@@ -21,10 +26,12 @@ finally:  # also after the parser's help, which exits
 """
 
 
-def fedlight(args, cache, columns="100"):
+def fedlight(args, cache, columns="100", shipped=False):
+    """``fedlight <args>`` in a fresh process; by default without shipped pages, so the cache is what serves
+    (``shipped``: True for the package's pages, or the path of another recording)."""
     env = dict(os.environ, FEDLIGHT_CACHE_DIR=str(cache), COLUMNS=columns)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    code = SHOW_IMPORTS.format(args=list(args))
+    code = SHOW_IMPORTS.format(args=list(args), shipped=shipped)
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
 
 

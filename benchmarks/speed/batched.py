@@ -92,7 +92,7 @@ class StepCounting(FedAvg):
         return super().on_round_end(context, round_idx, updates)
 
 
-def run(name: str, batching, rounds: int, reduced: bool, compiled: bool = False) -> dict:
+def run(name: str, batching, rounds: int, reduced: bool, compiled: bool = False, steps=False, device=None) -> dict:
     data, kwargs, per_round, epochs = workload(name, reduced)
     torch.manual_seed(0)
     model = ClassificationClient(**kwargs)
@@ -100,7 +100,8 @@ def run(name: str, batching, rounds: int, reduced: bool, compiled: bool = False)
         trainer = FederatedTrainer(
             rounds=rounds, clients_per_round=per_round, local_epochs=epochs, eval_every=rounds,
             checkpoint_every=rounds, logger=None, enable_progress_bar=False, client_batching=batching,
-            compile_batched=compiled, seed=0, default_root_dir=root,
+            compile_batched=compiled, compile_steps=steps, seed=0, default_root_dir=root,
+            **(device or {}),
         )  # fmt: skip
         started = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()):  # the runs' own progress lines
@@ -124,25 +125,37 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--reduced", action="store_true", help="CI: workload x with 100 users, 3 rounds, 1 repeat")
-    parser.add_argument("--no-compile", action="store_true", help="leave out the compiled variant")
+    parser.add_argument("--no-compile", action="store_true", help="leave out the compiled variants")
+    parser.add_argument("--accelerator", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
+    parser.add_argument(
+        "--steps-mode", default="default", help="torch.compile mode of the compiled client steps (e.g. reduce-overhead)"
+    )
     args = parser.parse_args()
+    device = {"accelerator": args.accelerator, "precision": args.precision}
     if args.reduced:
         args.workloads, args.rounds, args.repeats = "x", 3, 1
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, 1 thread, fp32; rounds/s are medians over rounds after the first")
+    print(
+        f"torch {torch.__version__}, 1 thread, {args.accelerator}, {args.precision}; rounds/s are medians over "
+        "rounds after the first"
+    )
     for name in args.workloads.split(","):
-        variants = {"sequential": (None, False), "batched": ("auto", False)}
+        # name → (client_batching, compile_batched, compile_steps)
+        _, _, per_round, _ = workload(name, args.reduced)
+        # K = the cohort: vectorised whatever client_batching=auto's cost model would choose
+        variants = {"sequential": (None, False, False), "batched": (per_round, False, False)}
         if not args.no_compile:
-            variants["compiled"] = ("auto", True)
+            variants["compiled"] = (per_round, True, False)
+            variants["steps"] = (None, False, args.steps_mode)  # compiled client steps, one client at a time
         runs: dict[str, list[dict]] = {key: [] for key in variants}
         for _ in range(args.repeats):
-            for key, (batching, compiled) in variants.items():
-                runs[key].append(run(name, batching, args.rounds, args.reduced, compiled))
+            for key, (batching, compiled, steps) in variants.items():
+                runs[key].append(run(name, batching, args.rounds, args.reduced, compiled, steps, device))
         rate = {k: statistics.median(1 / r["round_s"] for r in v) for k, v in runs.items()}
         wall = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
         numel = runs["batched"][0]["numel"]
-        _, _, per_round, _ = workload(name, args.reduced)
-        assert all(r["vectorised"] for key in variants if key != "sequential" for r in runs[key]), (
+        assert all(r["vectorised"] for key in variants if variants[key][0] for r in runs[key]), (
             f"({name}) did not run vectorised"
         )
         print(f"\n({name}) {args.rounds} rounds × {args.repeats} repeats, {per_round} clients per round, P = {numel:,}")
@@ -155,7 +168,8 @@ def main() -> None:
                 f"  {key:<10}  {rate[key]:9.3f}  {rate[key] / rate['sequential']:6.2f}  {wall[key]:7.1f}  "
                 f"{wall['sequential'] / wall[key]:6.2f}  {diff:.2e}"
             )
-        print("  (rounds/s: median over rounds after the first; run s: the whole fit, compilation included)")
+        print("  (rounds/s: median over rounds after the first; run s: the whole fit, compilation included;")
+        print("   compiled: the vectorised step compiled; steps: each client's step compiled, no vectorising)")
         bound = runs["sequential"][0]["bound"]
         print(f"  Σ steps / max steps per round (median): {bound:.2f}, the most any lockstep stack can gain here")
         stacked_mb = per_round * numel * 4 * 3 / 2**20  # parameters, gradients, one optimizer state

@@ -9,7 +9,7 @@ through fedlight, exports it, and starts one child process per run, alternating 
 - ``fedlight``: ``FederatedTrainer.fit`` as a user runs it (CSV log every round, a checkpoint every
   10 rounds), with 1 or 2 processes (``devices``).
 - ``batched``: the same ``fit`` with the round's clients trained as one vectorised model
-  (``client_batching="auto"``, ``compile_batched=True``), 1 process. Its clients run no timing hooks (a
+  (``client_batching=1024``, ``compile_batched=True``), 1 process. Its clients run no timing hooks (a
   hook on the client's module would stop the vectorisation), so its time outside local training is not
   split out.
 - ``flower``: Flower's simulation engine (``flwr.simulation.run_simulation``, Ray backend) with 1 or 2
@@ -423,7 +423,7 @@ def run_fedlight(args: argparse.Namespace, work: Workload, batched: bool = False
         enable_progress_bar=False,
         callbacks=[probe],
         seed=SEED,
-        client_batching="auto" if batched else None,
+        client_batching=1024 if batched else None,  # vectorised, whatever auto's cost model would choose
         compile_batched=batched,
     )
     # Stage clocks around the engine's own steps (this child process runs one engine, so its classes are patched).

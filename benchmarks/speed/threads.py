@@ -108,6 +108,11 @@ def main() -> None:
                     for threads in settings if repeat % 2 == 0 else settings[::-1]:
                         seconds = round_seconds(workload, threads, args.reduced)
                         times.setdefault((workload, "busy" if busy else "quiet", threads), []).append(seconds)
+                        print(
+                            f"repeat {repeat}: {workload} {'busy' if busy else 'quiet'}, {threads} thread(s): "
+                            f"{seconds:.3f} s/round, load {os.getloadavg()[0]:.2f}",
+                            flush=True,
+                        )
     print(f"load average after the runs {os.getloadavg()[0]:.2f}; s/round: median (min–max) of {args.repeats}")
     print(f"{'workload':<16}{'machine':<8}{'threads':>8}{'s/round':>10}{'spread':>16}{'/best':>8}")
     for workload in args.workloads:

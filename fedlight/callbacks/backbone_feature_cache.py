@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from fedlight.callbacks.base import RoundCallback
+from fedlight.data.cache_files import DigestMode, folder_problems
 from fedlight.data.features.feature_cache import FeatureCache
 from fedlight.errors import ConfigError
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from fedlight.context import RunContext
 
 log = logging.getLogger(__name__)
+_FLAG = "--trainer.callbacks (fedlight.callbacks.BackboneFeatureCache) init_args"
 
 
 class BackboneFeatureCache(RoundCallback):
@@ -36,6 +38,9 @@ class BackboneFeatureCache(RoundCallback):
         dtype: storage type of the features.
         k: nearest-neighbour list length, self included (30 in STEGO's and FUSS's code).
         batch_size: images per backbone pass while building.
+        verify: how the files of a completed folder are checked before reuse: ``sampled`` reads 16 MiB of each
+            feature file (any rewrite or reordering of it is caught), ``full`` reads every byte (and has the build
+            record that digest too). A folder whose files fail is rebuilt, with a warning naming them.
     """
 
     def __init__(
@@ -45,10 +50,14 @@ class BackboneFeatureCache(RoundCallback):
         dtype: Literal["float16", "float32"] = "float16",
         k: int = 30,
         batch_size: int = 64,
+        verify: DigestMode = "sampled",
     ) -> None:
         if max_gib < 0 or k < 2:
             raise ConfigError(f"Expected max_gib ≥ 0 and k ≥ 2 for BackboneFeatureCache, got {max_gib} and {k}.")
+        if verify not in ("sampled", "full"):
+            raise ConfigError(f"Expected {_FLAG}.verify to be 'sampled' or 'full', got {verify!r}.")
         self.directory, self.max_gib, self.dtype, self.k, self.batch_size = directory, max_gib, dtype, k, batch_size
+        self.verify = verify
         self.cache: FeatureCache | None = None
         self._tmp: tempfile.TemporaryDirectory | None = None
 
@@ -64,6 +73,8 @@ class BackboneFeatureCache(RoundCallback):
             problems.append(
                 "fedlight.callbacks.BackboneFeatureCache serves features by image index: set --data.return_index=true."
             )
+        if self.directory is not None:  # the run folder's own is checked with --trainer.default_root_dir
+            problems += folder_problems(self.directory, f"{_FLAG}.directory")
         return problems
 
     def on_fit_start(self, context: RunContext) -> None:
@@ -100,6 +111,7 @@ class BackboneFeatureCache(RoundCallback):
             rank=context.rank,
             world_size=context.world_size,
             barrier=barrier,
+            verify=self.verify,
         )
         module.attach_feature_cache(self.cache)
         log.info("backbone features of %d clients cached: %.1f MiB", data.num_clients, self.cache.nbytes / 2**20)

@@ -51,7 +51,8 @@ from fedlight.data.readers.stego_files import IMAGENET_MEAN, IMAGENET_STD
 from fedlight.errors import ConfigError
 from fedlight.metrics.segmentation import iou_keys
 from fedlight.metrics.unsupervised import ProbedUnsupervisedSegmentation
-from fedlight.models.patch_features import DINO_VITB8_URL, BackboneName, build_patch_backbone
+from fedlight.models.hub import resolve_weights, timm_state_dict
+from fedlight.models.patch_features import DINO_VITB8_URL, TIMM_ARCHITECTURES, BackboneName, build_patch_backbone
 
 if TYPE_CHECKING:
     from fedlight.data.features.feature_cache import FeatureCache
@@ -63,12 +64,14 @@ class UnsupervisedSegmentationClient(FederatedClient):
     Args:
         num_classes: C, the labelled classes (for the probe and the scores); filled in from ``--data``.
         input_shape: ``(3, H, W)`` of the training images; filled in from ``--data``.
-        backbone: ``vit_base_patch8_224`` (DINO ViT-B/8, FUSS's), ``vit_tiny_patch8`` (small offline
-            stand-in) or ``conv_patch8`` (random, for smoke tests).
+        backbone: ``vit_base_patch8_224`` (DINO ViT-B/8, FUSS's), ``vit_small_patch8_224`` (DINO ViT-S/8),
+            ``vit_tiny_patch8`` (small offline stand-in) or ``conv_patch8`` (random, for smoke tests).
         backbone_kwargs: options of the backbone (widths of the stand-ins).
-        pretrained: local path of the backbone's weights, loaded once before the first round. For
-            ``vit_base_patch8_224``: DINO's ``dino_vitbase8_pretrain.pth``. ``null`` keeps a random
-            initialisation; with a path, the backbone is built without one and must be loaded
+        pretrained: the backbone's weights, loaded once before the first round: a timm tag of the backbone's
+            architecture (``vit_base_patch8_224.dino``, fetched from the Hugging Face Hub or read from its cache;
+            ``HF_HUB_OFFLINE=1`` reads only the cache) or a local file (DINO's ``dino_vitbase8_pretrain.pth``).
+            A tag of another architecture is refused when the client is built. ``null`` keeps a random
+            initialisation; with weights, the backbone is built without one and must be loaded
             (``configure_model``, or a checkpoint's frozen state when resuming).
         num_clusters: n, the rows of M; ``null`` means C (27 for Cityscapes and CocoStuff-27).
         dim: D, the code width (70).
@@ -123,6 +126,11 @@ class UnsupervisedSegmentationClient(FederatedClient):
         ignore_index: int = IGNORE_INDEX,
     ) -> None:
         super().__init__()
+        backbone_weights = (
+            resolve_weights(pretrained, "--model.init_args.pretrained", TIMM_ARCHITECTURES.get(backbone, ()))
+            if pretrained is not None
+            else None
+        )
         # with weights to load, the ViT's random initialisation (seconds for ViT-B/8) would be thrown away
         self.backbone = build_patch_backbone(
             backbone, image_size=int(input_shape[-1]), initialize=pretrained is None, **(backbone_kwargs or {})
@@ -142,6 +150,7 @@ class UnsupervisedSegmentationClient(FederatedClient):
             require_pydensecrf()
         self.backbone_name = backbone
         self.pretrained = pretrained
+        self.backbone_weights = backbone_weights
         self.num_classes = num_classes
         self.num_clusters = num_clusters or num_classes
         self.head = StegoHead(self.backbone.out_channels, dim, dropout)
@@ -167,17 +176,22 @@ class UnsupervisedSegmentationClient(FederatedClient):
     # -- set-up ------------------------------------------------------------------------------------
     def configure_model(self) -> None:
         """Loads the backbone's weights from ``pretrained`` (once, before W^0 is taken)."""
-        if self.pretrained is None:
+        source = self.backbone_weights
+        if source is None:
+            return
+        if source.kind == "timm":
+            self.backbone.load_state(timm_state_dict(source.name, "--model.init_args.pretrained"), source.name)
             return
         from pathlib import Path
 
-        if not Path(self.pretrained).is_file():
+        if not Path(source.name).is_file():
             raise ConfigError(
-                f"--model.init_args.pretrained={self.pretrained} does not exist. Put the {self.backbone_name} "
+                f"--model.init_args.pretrained={source.name} does not exist. Put the {self.backbone_name} "
                 "weights there, or point the flag to where they are (null keeps a random backbone). FUSS's "
-                f"vit_base_patch8_224 reads the DINO ViT-B/8 weights, dino_vitbase8_pretrain.pth from {DINO_VITB8_URL}."
+                "vit_base_patch8_224 reads DINO ViT-B/8's weights: timm's tag vit_base_patch8_224.dino, or the file "
+                f"dino_vitbase8_pretrain.pth from {DINO_VITB8_URL}."
             )
-        self.backbone.load_pretrained(self.pretrained)
+        self.backbone.load_pretrained(source.name)
 
     def attach_feature_cache(self, cache: FeatureCache | None) -> None:
         """Serves training features and nearest neighbours from ``cache`` (None: compute features per batch)."""

@@ -9,11 +9,13 @@ from fedlight.data.datasets.cityscapes import CityscapesFUSS
 from fedlight.data.datasets.cocostuff import CocoStuff27
 from fedlight.data.datasets.digits import Digits
 from fedlight.data.datasets.femnist import FEMNIST
+from fedlight.data.datasets.hf import HFDataset
 from fedlight.data.datasets.ladd_splits import GTA5, CityscapesFFREEDA, CrossCity, Mapillary
 from fedlight.data.datasets.mnist import MNIST
 from fedlight.data.datasets.npz import NpzDataset
 from fedlight.data.datasets.synthetic import Synthetic
 from fedlight.data.datasets.tiny_imagenet import TinyImageNet
+from fedlight.data.datasets.torch_dataset import TorchDataset
 from fedlight.data.datasets.voc import PascalVOC
 from fedlight.data.style.style_augment import StyleAugment
 from fedlight.data.twins.scenes import Scenes
@@ -35,6 +37,7 @@ __all__ = [
     "Digits",
     "FederatedDataModule",
     "FederatedDataset",
+    "HFDataset",
     "LabelledTensors",
     "Mapillary",
     "NpzDataset",
@@ -45,4 +48,5 @@ __all__ = [
     "StyleCities",
     "Synthetic",
     "TinyImageNet",
+    "TorchDataset",
 ]

@@ -23,8 +23,11 @@ from typing import Literal
 
 import numpy as np
 import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import Dataset
 
 from fedlight.data.base import FederatedDataset, LabelledTensors, LazySamples
+from fedlight.data.datasets.torch_dataset import TorchDataset
 from fedlight.data.partition import Natural, Partitioner
 from fedlight.data.transforms import BatchTransform
 from fedlight.errors import ConfigError
@@ -34,7 +37,9 @@ class FederatedDataModule:
     """Partitions a dataset over clients and serves their batches.
 
     Args:
-        dataset: the labelled pool (``class_path`` of a :class:`~fedlight.data.base.FederatedDataset`).
+        dataset: the labelled pool: a :class:`~fedlight.data.base.FederatedDataset` by ``class_path``, or your
+            own map-style ``torch.utils.data.Dataset`` or ``LightningDataModule`` (``--data.dataset=mypkg.MyData``),
+            read through :class:`~fedlight.data.datasets.torch_dataset.TorchDataset`.
         partitioner: how the pool is split over clients. Default: the dataset's natural split
             (``Natural``), which needs per-sample client ids such as Synthetic's users.
         batch_size: local mini-batch size (10 in the prototype-margin paper's classification runs).
@@ -68,7 +73,7 @@ class FederatedDataModule:
 
     def __init__(
         self,
-        dataset: FederatedDataset,
+        dataset: FederatedDataset | Dataset | LightningDataModule,
         partitioner: Partitioner | None = None,
         batch_size: int = 10,
         test_fraction: float = 0.2,
@@ -80,6 +85,8 @@ class FederatedDataModule:
         return_index: bool = False,
         shuffle: Literal["every_round", "fixed"] = "every_round",
     ) -> None:
+        if not isinstance(dataset, FederatedDataset):
+            dataset = TorchDataset(dataset)
         problems = []
         if batch_size < 1:
             problems.append(f"Expected --data.batch_size ≥ 1, got {batch_size}.")
@@ -162,6 +169,8 @@ class FederatedDataModule:
         self.held_out_group = torch.from_numpy(np.repeat(np.arange(len(held_out)), [len(h) for h in held_out]))
         self.num_eval_groups = len(held_out)  # the original clients, also when training is centralized
         self.test: LabelledTensors | None = self.dataset.load_test()
+        if self.train_transform is not None:  # its files are read and checked now, not in the first local fit
+            self.train_transform.setup()
         self._is_setup = True
 
     @property
@@ -224,14 +233,30 @@ class FederatedDataModule:
             batch = indices[start : start + self.eval_batch_size]
             yield _take(self.pool.inputs, batch, self.device), _take(self.pool.targets, batch, self.device)
 
-    def held_out_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Yields ``(x, y, client index)`` batches over every client's held-out split."""
-        for start in range(0, len(self.held_out_index), self.eval_batch_size):
-            batch = self.held_out_index[start : start + self.eval_batch_size]
+    def held_out_batches(
+        self, clients: torch.Tensor | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Yields ``(x, y, client index)`` batches over every client's held-out split, or over those of
+        ``clients`` only (sorted client indices), batched across clients all the same.
+
+        The split is ordered by client, so a client's samples are one slice of it and choosing ``clients``
+        costs in proportion to their samples, not to the population.
+        """
+        index, group = self.held_out_index, self.held_out_group
+        if clients is not None:
+            clients = clients.to(group.device)
+            starts = torch.searchsorted(group, clients)
+            lengths = torch.searchsorted(group, clients, right=True) - starts
+            # positions of the chosen samples: each client's start, plus 0…n_k−1 within its slice
+            offsets = torch.repeat_interleave(starts - (lengths.cumsum(0) - lengths), lengths)
+            positions = offsets + torch.arange(len(offsets), device=group.device)
+            index, group = index[positions], group[positions]
+        for start in range(0, len(index), self.eval_batch_size):
+            batch = index[start : start + self.eval_batch_size]
             yield (
                 _take(self.pool.inputs, batch, self.device),
                 _take(self.pool.targets, batch, self.device),
-                self.held_out_group[start : start + len(batch)],
+                group[start : start + len(batch)],
             )
 
     def test_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:

@@ -32,6 +32,11 @@ class BatchTransform(ABC):
         """The ``(H, W)`` of the batches returned for input batches of ``size``: the size the model trains on."""
         return tuple(size)
 
+    def setup(self) -> None:
+        """Reads and checks what the transform needs from disk, once, when the data are set up (before the run
+        folder exists), so that a bad file is one error at set-up rather than a failure inside every local fit."""
+        return None  # most transforms read nothing
+
 
 class RandomScaleCropFlip(BatchTransform):
     """Random scale, crop and horizontal flip of images ``[B, C, H, W]`` and label maps ``[B, H, W]`` (D11).

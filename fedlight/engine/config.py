@@ -7,6 +7,7 @@ is reported, together with the others, before anything is built.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -17,6 +18,8 @@ Precision = Literal["32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true",
 LoggerName = Literal["csv", "wandb"]
 StartMethod = Literal["popen", "fork"]
 WandbMode = Literal["offline", "online", "disabled"]
+#: ``torch.compile`` of the sequential client step: off, or on with one of its modes (``true`` is ``default``)
+CompileMode = bool | Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,46 @@ class RoundSettings:
 
 
 @dataclass(frozen=True)
+class EvaluationSettings:
+    """How many clients' held-out splits an evaluation scores, and how often it scores all of them."""
+
+    eval_clients: int | float | Literal["all"] = "all"
+    full_eval_every: int = 0
+
+    def problems(self) -> list[str]:
+        problems = []
+        count = self.eval_clients
+        if isinstance(count, bool) or (count != "all" and not isinstance(count, (int, float))):
+            problems.append(f"Expected --trainer.eval_clients to be an integer, a fraction or 'all', got {count!r}.")
+        elif isinstance(count, int) and count < 1:
+            problems.append(f"Expected --trainer.eval_clients ≥ 1 clients (a fraction in (0, 1], 'all'), got {count}.")
+        elif isinstance(count, float) and not 0.0 < count <= 1.0:
+            problems.append(
+                f"Expected --trainer.eval_clients as a fraction in (0, 1] of the clients, got {count}; write a whole "
+                "number (e.g. 100) for a count of clients, or 'all'."
+            )
+        if self.full_eval_every < 0:
+            problems.append(
+                f"Expected --trainer.full_eval_every ≥ 0 (0: every client only after the last round), got "
+                f"{self.full_eval_every}."
+            )
+        return problems
+
+    def sampled(self, round_idx: int, rounds: int) -> bool:
+        """Whether the evaluation after round ``round_idx`` (from 0) scores a sample of the clients rather than
+        all of them: never with ``eval_clients='all'``, nor after every ``full_eval_every``-th round and the last."""
+        return self.eval_clients != "all" and not due(round_idx, self.full_eval_every, rounds)
+
+    def count(self, num_clients: int) -> int:
+        """How many of ``num_clients`` clients a sampled evaluation scores (a fraction rounds up)."""
+        if self.eval_clients == "all":
+            return num_clients
+        if isinstance(self.eval_clients, float):
+            return min(num_clients, max(1, math.ceil(self.eval_clients * num_clients)))
+        return min(num_clients, self.eval_clients)
+
+
+@dataclass(frozen=True)
 class ProcessSettings:
     """Where and how the rounds compute: devices, processes, precision, threads."""
 
@@ -97,10 +140,11 @@ class ProcessSettings:
 
 @dataclass(frozen=True)
 class BatchingSettings:
-    """Vectorised clients: how many to stack, and whether to compile the stacked step."""
+    """How client steps run: vectorised (how many to stack, compiled or not) and compiled one client at a time."""
 
     client_batching: int | Literal["auto"] | None
     compile_batched: bool
+    compile_steps: CompileMode = False
 
     def problems(self) -> list[str]:
         problems = []

@@ -4,6 +4,11 @@ Batches are spread over processes and the metric states (sufficient statistics) 
 gets the same numbers. When the dataset has no separate test set, the global test set is the union of the
 held-out splits and one pass serves both. A clustered rule that routes a split also gets ``routed/<metric>``:
 every sample scored by the bank member the rule routes it to.
+
+With ``--trainer.eval_clients`` the clients' splits of most evaluations are those of a sample of the clients,
+drawn from the run's evaluation stream of the round, so that a round's cost does not grow with the population;
+every ``full_eval_every`` rounds and after the last one, every client is scored. The global test set is always
+scored whole.
 """
 
 from __future__ import annotations
@@ -11,9 +16,11 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import torch
 from torchmetrics import Metric
 
+from fedlight.engine.config import EvaluationSettings
 from fedlight.engine.loggers import client_spread
 from fedlight.metrics.scalars import scalar_metrics
 
@@ -23,6 +30,7 @@ if TYPE_CHECKING:
     from fedlight.context import RunContext
     from fedlight.data.datamodule import FederatedDataModule
     from fedlight.engine.model import GlobalModel
+    from fedlight.engine.streams import RandomStreams
     from fedlight.strategies.base import Strategy
 
 
@@ -35,6 +43,8 @@ class Evaluator:
         strategy: the rule, which routes samples to bank members when it keeps clusters.
         context: what the rule's ``route`` receives.
         fabric: precision, the processes and their all-reduce.
+        settings: how many clients a round's evaluation samples (default: all of them, every time).
+        streams: the run's random streams, whose evaluation stream draws the sample.
     """
 
     def __init__(
@@ -44,31 +54,71 @@ class Evaluator:
         strategy: Strategy,
         context: RunContext,
         fabric: Fabric,
+        settings: EvaluationSettings | None = None,
+        streams: RandomStreams | None = None,
     ) -> None:
         self.model, self.datamodule, self.strategy = model, datamodule, strategy
         self.context, self.fabric = context, fabric
+        self.settings, self.streams = settings or EvaluationSettings(), streams
         self.precision = fabric.strategy.precision
         self._metrics: dict[tuple[int, bool], Metric] = {}
+        self._scorable: np.ndarray | None = None  # the clients that have held-out data, found once
+        if self.settings.eval_clients != "all" and datamodule.test is None and fabric.global_rank == 0:
+            warnings.warn(
+                f"--trainer.eval_clients={self.settings.eval_clients} samples nothing: this dataset has no separate "
+                "test set, so the global test set is every client's held-out split; every evaluation scores them all.",
+                stacklevel=2,
+            )
+
+    def sample(self, round_idx: int, rounds: int) -> torch.Tensor | None:
+        """The clients (sorted indices, on the device) whose held-out splits the evaluation after round
+        ``round_idx`` scores, drawn uniformly without replacement among the clients that have held-out data from
+        the round's evaluation stream; ``None`` when it scores every client."""
+        data = self.datamodule
+        if not self.settings.sampled(round_idx, rounds) or data.test is None:
+            return None
+        scorable = self._scorable_clients()
+        count = self.settings.count(len(scorable))
+        if count >= len(scorable):
+            return None
+        assert self.streams is not None, "a sampled evaluation draws from the run's streams"
+        chosen = self.streams.evaluation_rng(round_idx).choice(scorable, size=count, replace=False)
+        return torch.from_numpy(np.sort(chosen)).to(data.held_out_group.device)
 
     @torch.no_grad()
-    def evaluate(self, clients: bool, test: bool) -> dict[str, Any]:
-        """W^t's metrics on the clients' held-out splits (``clients/*``) and/or the global test set (``test/*``)."""
+    def evaluate(self, clients: bool, test: bool, sample: torch.Tensor | None = None) -> dict[str, Any]:
+        """W^t's metrics on the clients' held-out splits (``clients/*``) and/or the global test set (``test/*``).
+
+        With ``sample`` (sorted client indices, from :meth:`sample`), ``clients/*`` are over those clients' splits
+        only (``<metric>_per_client`` is NaN for the others) and ``clients/evaluated`` counts them.
+        """
         data = self.datamodule
         self.model.evaluation_module()
         metrics: dict[str, Any] = {}
         shared_pass = data.test is None
         if clients and not shared_pass and len(data.held_out_index) == 0:
             clients = False  # --data.test_fraction=0: the clients keep every sample, only the test set is evaluated
+        if test and shared_pass:
+            sample = None  # the global test set is every held-out split: its pass scores every client too
         if clients or (test and shared_pass):
-            result = self._pass(data.held_out_batches(), data.num_eval_groups, "clients")
+            result = self._pass(data.held_out_batches(sample), data.num_eval_groups, "clients")
             if clients:
                 metrics.update({f"clients/{k}": v for k, v in result.items()})
+                if self.settings.eval_clients != "all":
+                    metrics["clients/evaluated"] = float(len(self._scorable_clients() if sample is None else sample))
             if test and shared_pass:
                 metrics.update({f"test/{k}": v for k, v in result.items() if self._is_test_metric(k)})
         if test and not shared_pass:
             result = self._pass(data.test_batches(), 1, "test")
             metrics.update({f"test/{k}": v for k, v in result.items() if self._is_test_metric(k)})
         return metrics
+
+    def _scorable_clients(self) -> np.ndarray:
+        """The clients that have held-out data (a client of one sample trains on it and holds none out)."""
+        if self._scorable is None:
+            groups = self.datamodule.held_out_group.cpu().numpy()
+            self._scorable = np.flatnonzero(np.bincount(groups, minlength=self.datamodule.num_eval_groups))
+        return self._scorable
 
     def _is_test_metric(self, key: str) -> bool:
         return key.removeprefix("routed/") in self.model.module.test_metrics

@@ -18,7 +18,7 @@ import torch
 
 from fedlight.bank import RoundSums
 from fedlight.context import all_gather_objects
-from fedlight.engine.batched import BatchedLocalFit, batching_blocker, optimizer_factory
+from fedlight.engine.batched import BatchedLocalFit, batching_blocker, optimizer_factory, vectorising_pays
 from fedlight.engine.guards import FailureGuards
 from fedlight.engine.launch import assign_clients
 from fedlight.engine.local_fit import LocalTraining, all_finite
@@ -160,9 +160,15 @@ class RoundFits:
             model.train_mode()
             configured = model.module.configure_optimizers()
             blocker = batching_blocker(model.module, model.layout, self.strategy, configured)
+            compiled = self.batching.compile_batched
+            if blocker is None and setting == "auto":
+                pays, reason = vectorising_pays(model.module, self.fabric.device, compiled, self._bound(plans))
+                blocker = None if pays else reason
+                if pays:
+                    self.console.print(f"fedlight: --trainer.client_batching=auto: clients train vectorised: {reason}.")
             if blocker is None:
                 precision = self.training.precision
-                self.vectorised = BatchedLocalFit(model.module, model.layout, precision, self.batching.compile_batched)
+                self.vectorised = BatchedLocalFit(model.module, model.layout, precision, compiled)
             else:
                 self.vectorised = blocker
                 self.console.print(
@@ -173,6 +179,12 @@ class RoundFits:
         if setting == "auto":  # parameters, gradients and up to two optimizer states, fp32
             return max(1, min(len(plans), 2**30 // (16 * max(self.model.layout.numel, 1))))
         return setting
+
+    def _bound(self, plans: list[ClientPlan]) -> float:
+        """Σ steps / max steps over ``plans``: the most a lockstep stack of them can gain."""
+        local_steps, data = self.training.settings.local_steps, self.training.datamodule
+        steps = [local_steps or plan.epochs * data.num_batches(plan.client) for plan in plans]
+        return sum(steps) / max(max(steps), 1)
 
     def _fit_vectorised(self, round_idx: int, plans: list[ClientPlan]) -> Iterator[Fit]:
         """The local fits of ``plans`` as one vectorised model; each client draws the batches it would alone."""

@@ -4,12 +4,18 @@ A fit loads the client's starting state (W^t, its cluster's member, or what the 
 fresh optimizer, seeds the client's own stream and runs its batches: ``F`` epochs (``F'`` for a tolerated
 straggler) or exactly ``local_steps`` full batches. The rule's hooks run around it and inside the loss; the
 trainer's precision applies inside every step while the global model stays fp32.
+
+With ``--trainer.compile_steps``, a step's forward pass and loss (the client's ``training_step`` and the rule's
+``training_loss``) run as one function compiled by ``torch.compile``, once per run and reused by every client,
+since they all train the same resident module; the backward pass runs through the compiled graph's own backward,
+and the optimizer stays eager, because each client builds a fresh one.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,7 +31,7 @@ if TYPE_CHECKING:
     from fedlight.clients.base import FederatedClient
     from fedlight.context import RunContext
     from fedlight.data.datamodule import FederatedDataModule
-    from fedlight.engine.config import RoundSettings
+    from fedlight.engine.config import CompileMode, RoundSettings
     from fedlight.engine.model import GlobalModel
     from fedlight.strategies.base import Strategy
 
@@ -43,6 +49,8 @@ class LocalTraining:
         fabric: precision, backward pass and device.
         streams: the run's random streams.
         settings: rounds T, local epochs or ``local_steps``.
+        compile_steps: compile the forward pass and loss of the rounds' steps (``torch.compile``'s mode, or
+            ``True`` for its default); ``False`` runs them eagerly.
     """
 
     def __init__(
@@ -54,10 +62,13 @@ class LocalTraining:
         fabric: Fabric,
         streams: RandomStreams,
         settings: RoundSettings,
+        compile_steps: CompileMode = False,
     ) -> None:
         self.model, self.datamodule, self.strategy, self.context = model, datamodule, strategy, context
         self.fabric, self.streams, self.settings = fabric, streams, settings
         self.precision = fabric.strategy.precision
+        self.compile_steps = compile_steps
+        self._compiled: Callable | None = None  # the rounds' compiled forward and loss, built on first use
 
     def fit(self, round_idx: int, plan: ClientPlan, start: torch.Tensor) -> tuple[ClientUpdate, torch.Tensor]:
         """Client ``plan.client``'s fit in round ``round_idx`` from the bank member ``start``; returns its update
@@ -76,7 +87,9 @@ class LocalTraining:
         try:
             strategy.on_client_fit_start(context, module, plan)
             batches = self.batches(plan, generator)
-            loss_sum, steps = self.train_steps(module, optimizers, schedulers, batches, strategy.training_loss)
+            loss_sum, steps = self.train_steps(
+                module, optimizers, schedulers, batches, strategy.training_loss, compiled=bool(self.compile_steps)
+            )
             update = self.update(plan, loss_sum, steps)
             strategy.on_client_fit_end(context, module, update)
         finally:
@@ -100,17 +113,27 @@ class LocalTraining:
         )
 
     def train_steps(
-        self, module: FederatedClient, optimizers: list, schedulers: list, batches: Iterable[Any], loss_fn: LossFn
+        self,
+        module: FederatedClient,
+        optimizers: list,
+        schedulers: list,
+        batches: Iterable[Any],
+        loss_fn: LossFn,
+        compiled: bool = False,
     ) -> tuple[torch.Tensor, int]:
-        """The local training loop: every optimizer steps once per batch. Returns the task-loss sum and steps."""
+        """The local training loop: every optimizer steps once per batch. Returns the task-loss sum and steps.
+
+        ``compiled``: the forward pass and loss run through :meth:`compiled_step` (the rounds' ``loss_fn`` only).
+        """
         precision = self.precision
+        forward = (
+            self.compiled_step(module, loss_fn) if compiled else partial(forward_and_loss, precision, module, loss_fn)
+        )
         loss_sum = torch.zeros((), device=self.fabric.device)
         steps = 0
         for batch in batches:
             batch = precision.convert_input(batch)
-            with precision.forward_context():
-                outputs = module.training_step(batch, steps)
-                loss = loss_fn(module, batch, outputs)
+            loss, task_loss = forward(batch, steps)
             for optimizer in optimizers:
                 optimizer.zero_grad(set_to_none=True)
             self.fabric.strategy.backward(loss, module)
@@ -118,9 +141,29 @@ class LocalTraining:
                 precision.optimizer_step(optimizer)
             for scheduler in schedulers:
                 scheduler.step()  # Lightning's interval="step": once per optimizer step
-            loss_sum += outputs["loss"].detach().float()  # the task loss, without strategy terms
+            loss_sum += task_loss
             steps += 1
         return loss_sum, steps
+
+    def compiled_step(self, module: FederatedClient, loss_fn: LossFn) -> Callable:
+        """The step's forward pass and loss compiled with ``torch.compile``, once per run.
+
+        Every client trains the resident module with the rule's loss, so one compiled function serves them
+        all; a batch of another size (an epoch's short last batch) compiles once more, with dynamic shapes.
+        """
+        if self._compiled is None:
+            import torch._dynamo as dynamo
+
+            # one graph per batch shape and per rule branch; dynamo's default limit of 8 is raised for them
+            dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 64)
+            mode = None if self.compile_steps is True else self.compile_steps
+            precision = self.precision
+
+            def step(batch: Any, batch_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+                return forward_and_loss(precision, module, loss_fn, batch, batch_idx)
+
+            self._compiled = torch.compile(step, mode=mode)
+        return self._compiled
 
     def train_outside_rounds(
         self, module: FederatedClient, client: int, epochs: int, seed: int, full_batches: bool
@@ -166,6 +209,17 @@ class LocalTraining:
                 steps += 1
                 if steps == local_steps:
                     return
+
+
+def forward_and_loss(
+    precision: Any, module: FederatedClient, loss_fn: LossFn, batch: Any, batch_idx: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step's forward pass under the trainer's precision: the loss to minimise (the rule's ``loss_fn`` of
+    the client's ``training_step`` outputs) and the task loss alone, detached, in fp32."""
+    with precision.forward_context():
+        outputs = module.training_step(batch, batch_idx)
+        loss = loss_fn(module, batch, outputs)
+    return loss, outputs["loss"].detach().float()
 
 
 def all_finite(flat: torch.Tensor) -> bool:

@@ -1,9 +1,10 @@
 """The run's random streams, derived from its seed and never carried from round to round.
 
-Round ``t``'s server-side draws (sampling, stragglers), a strategy's own draws in round ``t`` and client ``k``'s
-draws in round ``t`` (batch order, dropout) each come from a NumPy ``SeedSequence`` spawned from the run's seed
-under a key of its own. Results therefore do not depend on the order in which clients run or on how many
-processes run them, and a resumed run needs only the round number to continue exactly where it stopped.
+Round ``t``'s server-side draws (sampling, stragglers), a strategy's own draws in round ``t``, client ``k``'s
+draws in round ``t`` (batch order, dropout) and the clients that the evaluation after round ``t`` samples each
+come from a NumPy ``SeedSequence`` spawned from the run's seed under a key of its own. Results therefore do not
+depend on the order in which clients run or on how many processes run them, and a resumed run needs only the
+round number to continue exactly where it stopped.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import numpy as np
 import torch
 
 # Stream tags of the seed sequences, so that round-level and client-level draws never coincide.
-_ROUND_STREAM, _CLIENT_STREAM, _STRATEGY_STREAM = 0, 1, 2
+_ROUND_STREAM, _CLIENT_STREAM, _STRATEGY_STREAM, _EVALUATION_STREAM = 0, 1, 2, 3
 
 
 class RandomStreams:
@@ -33,6 +34,11 @@ class RandomStreams:
     def strategy_rng(self, round_idx: int) -> np.random.Generator:
         """A generator for a strategy's own server-side draws in round ``round_idx`` (e.g. FedAtt's noise)."""
         return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(_STRATEGY_STREAM, round_idx)))
+
+    def evaluation_rng(self, round_idx: int) -> np.random.Generator:
+        """The generator of the clients sampled for evaluation after round ``round_idx``; its own stream, so that
+        evaluating more or fewer clients never changes a round's training."""
+        return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(_EVALUATION_STREAM, round_idx)))
 
     def client_seed(self, round_idx: int, client: int) -> int:
         """The seed of client ``client``'s stream in round ``round_idx``."""

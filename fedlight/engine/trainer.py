@@ -6,7 +6,8 @@ One round::
     local fit  on each rank, its share of the clients, one after another or vectorised, on one resident module
     aggregate  weighted sums of the states as they finish (per cluster for clustered rules) → one all-reduce
                → the strategy's server update; or the gathered states, for rules that need them all
-    evaluate   every ``eval_every`` rounds: the clients' held-out splits and the global test set
+    evaluate   every ``eval_every`` rounds: the clients' held-out splits (all, or a sample of ``eval_clients``)
+               and the global test set
     log        metrics.csv and W&B, the round (counted from 1) as the step
     checkpoint every ``checkpoint_every`` rounds, at the end and when SIGINT/SIGTERM asked to stop, atomically
 
@@ -40,6 +41,8 @@ from fedlight.data.datamodule import FederatedDataModule
 from fedlight.engine.aggregation import Aggregation
 from fedlight.engine.config import (
     BatchingSettings,
+    CompileMode,
+    EvaluationSettings,
     GuardSettings,
     LoggerName,
     LoggingSettings,
@@ -92,6 +95,16 @@ class FederatedTrainer:
         straggler_fraction: δ ∈ [0, 1], the share of each round's clients that can only do
             F' ~ UniformInt{1, …, F−1} epochs; the strategy drops or tolerates them.
         eval_every: evaluate the global model every this many rounds (and after the last one).
+        eval_clients: whose held-out splits an evaluation scores (``clients/*``): ``all`` clients, or a sample of
+            this many clients (an integer) or of this fraction of them (a float in (0, 1], rounded up), drawn
+            uniformly among the clients with held-out data from a random stream of the round's own, so a run is
+            reproducible from its seed and a resumed run scores the same clients. With a million users, scoring
+            them all every round would cost more than the round's training; a sample keeps the evaluation's cost
+            flat in the population. ``clients/evaluated`` then counts the clients scored. The global test set is
+            always scored whole; a dataset without one (whose global test set is the union of the held-out splits)
+            scores every client whatever this says.
+        full_eval_every: with ``eval_clients`` a sample, score every client's split after every this many rounds
+            (0: only after the last round, which always scores every client).
         checkpoint_every: write ``checkpoints/last.ckpt`` every this many rounds (and after the last one, and
             when SIGINT or SIGTERM stops the run); the one before stays as ``previous.ckpt``.
         accelerator: Fabric accelerator: ``auto`` (as in Lightning: a GPU when one is visible, else the CPU),
@@ -133,7 +146,10 @@ class FederatedTrainer:
         seed: the run's seed, from which every random stream is derived. By default the seed that
             ``lightning.seed_everything`` set (the command line's ``seed_everything``), else 0.
         client_batching: train up to this many of a process's clients of a round together, as one vectorised
-            model (``auto``: as many as fit in 1 GiB of stacked parameters, gradients and optimizer state).
+            model. ``auto`` vectorises only where the speed benchmarks measured it faster (on a GPU; on a CPU,
+            models without convolutions whose first round's Σ steps / max steps over its clients reaches 8, or
+            2 with ``compile_batched``), as many clients as fit in 1 GiB of stacked parameters, gradients and
+            optimizer state, and says on the console which path runs and why; an int K always vectorises.
             Each client keeps its own batches, optimizer state and step count; results equal sequential
             training up to float rounding. Rounds that cannot be vectorised (BatchNorm, active dropout,
             schedulers, strategies with client-side hooks) run sequentially, said once in the log.
@@ -141,6 +157,11 @@ class FederatedTrainer:
             One graph per stack size (padded to a power of two) is compiled in the first rounds, several
             seconds each on a CPU, after which a step of K clients costs a fraction of K plain steps; it pays
             for runs of many rounds. Results equal the uncompiled ones up to float rounding.
+        compile_steps: compile each client step's forward pass and loss (the client's ``training_step`` and the
+            rule's loss) with ``torch.compile``, once per run for every client: ``true`` (torch's default mode),
+            ``reduce-overhead`` (CUDA graphs on a GPU, for many small steps), ``max-autotune`` or
+            ``max-autotune-no-cudagraphs``. The first steps pay the compilation (seconds); the optimizer stays
+            eager. Results equal eager steps up to float rounding (a fused graph sums in another order).
         init_from: start the run from another run's weights instead of the model's own initialisation: a
             fedlight checkpoint (``<run_dir>/checkpoints/last.ckpt``, e.g. of a centralized source
             pre-training run), a Lightning checkpoint, or a file holding a plain ``state_dict``. Weights only;
@@ -176,6 +197,8 @@ class FederatedTrainer:
         local_steps: int | None = None,
         straggler_fraction: float = 0.0,
         eval_every: int = 1,
+        eval_clients: int | float | Literal["all"] = "all",
+        full_eval_every: int = 0,
         checkpoint_every: int = 10,
         accelerator: str = "auto",
         threads: int | Literal["auto"] = "auto",
@@ -198,6 +221,7 @@ class FederatedTrainer:
         seed: int | None = None,
         client_batching: int | Literal["auto"] | None = None,
         compile_batched: bool = False,
+        compile_steps: CompileMode = False,
         init_from: str | Path | None = None,
         max_update_ratio: float | None = 1000.0,
         rewind: bool = False,
@@ -212,7 +236,8 @@ class FederatedTrainer:
         self.processes = ProcessSettings(
             accelerator, devices, num_nodes, start_method, precision, threads, channels_last, rendezvous_timeout
         )
-        self.batching = BatchingSettings(client_batching, compile_batched)
+        self.evaluation = EvaluationSettings(eval_clients, full_eval_every)
+        self.batching = BatchingSettings(client_batching, compile_batched, compile_steps)
         self.guard_settings = GuardSettings(max_update_ratio, fail_fast, gather_budget_mb)
         self.logging = LoggingSettings(
             Path(default_root_dir), name, loggers, wandb_project, wandb_entity, wandb_mode, wandb_group, wandb_tags,
@@ -220,6 +245,7 @@ class FederatedTrainer:
         )  # fmt: skip
         problems = [
             *self.settings.problems(),
+            *self.evaluation.problems(),
             *self.processes.problems(),
             *self.batching.problems(),
             *self.guard_settings.problems(),
@@ -418,7 +444,8 @@ class FederatedTrainer:
             except RoundAbandoned:
                 return self._abandon(round_idx, start_state, metrics, first)
             if settings.evaluates_after(round_idx):
-                metrics.update(self.evaluator.evaluate(clients=True, test=True))
+                sample = self.evaluator.sample(round_idx, self.rounds)  # None: every client's split
+                metrics.update(self.evaluator.evaluate(clients=True, test=True, sample=sample))
             self.round = round_idx + 1
             failure = call_callbacks(self.callbacks, "on_round_end", context, round_idx, metrics)
             metrics["round/time_s"] = time.perf_counter() - started
@@ -608,7 +635,7 @@ class FederatedTrainer:
         self.model = prepare_module(
             model, datamodule, users, fabric, self.processes.channels_last, self.init_from, ckpt_path is not None
         )
-        self._build_pieces()
+        self._build_pieces(evaluating)
         # A W&B sweep agent names the run it launched; otherwise the run gets a fresh id.
         self.wandb_id = os.environ.get("WANDB_RUN_ID") or uuid.uuid4().hex[:8]
         self.round, self.history = 0, []
@@ -636,18 +663,22 @@ class FederatedTrainer:
         if logging:
             self.run_loggers.start(self.run_dir, self.config, self.history, self.wandb_id)
 
-    def _build_pieces(self) -> None:
+    def _build_pieces(self, evaluating: bool) -> None:
         """The engine's pieces for the run just set up, each given only what it needs."""
         fabric, rank = self.fabric, self.fabric.global_rank
         self.training = LocalTraining(
-            self.model, self.datamodule, self.strategy, self.context, fabric, self.streams, self.settings
-        )
+            self.model, self.datamodule, self.strategy, self.context, fabric, self.streams, self.settings,
+            self.batching.compile_steps,
+        )  # fmt: skip
         self.guards = FailureGuards(self.guard_settings, lambda: self.run_dir, rank)
         self.fits = RoundFits(
             self.training, self.guards, self.batching, fabric, self.console, self.guard_settings.fail_fast
         )
         self.aggregation = Aggregation(self.strategy, self.guard_settings.gather_budget_mb, rank)
-        self.evaluator = Evaluator(self.model, self.datamodule, self.strategy, self.context, fabric)
+        self.evaluator = Evaluator(
+            self.model, self.datamodule, self.strategy, self.context, fabric,
+            EvaluationSettings() if evaluating else self.evaluation, self.streams,
+        )  # fmt: skip
         self.run_loggers = RunLoggers(self.logging, rank)
 
     # -- checkpoints and logs ----------------------------------------------------------------------------

@@ -13,9 +13,11 @@ state-dict keys match LADD's checkpoints and LADD's parameter groups can be told
 - ``forward_features(x)``: backbone + ASPP + 3×3 convolution, BatchNorm and ReLU, ``[B, 256, ⌈H/32⌉, ⌈W/32⌉]``;
 - ``forward_head(features, size)``: the 1×1 classifier and the bilinear upsampling, ``[B, Q, H, W]``.
 
-ImageNet weights are read from a local file by :meth:`DeepLabV3MobileNetV2.load_pretrained`, which the
-segmentation client calls when a run starts from scratch, so configs instantiate without the file and a
-resumed run never needs it.
+ImageNet weights are read by :meth:`DeepLabV3MobileNetV2.load_pretrained`, which the segmentation client calls
+when a run starts from scratch, so configs instantiate without them and a resumed run never needs them. They
+are named by a local file (torchvision's layout, or d-li14's, which LADD's released code loads), by timm's tag
+``mobilenetv2_100.ra_in1k`` (from the Hugging Face Hub) or by torchvision's ``IMAGENET1K_V1``/``IMAGENET1K_V2``
+(:mod:`fedlight.models.hub`).
 """
 
 from __future__ import annotations
@@ -28,15 +30,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedlight.errors import ConfigError
+from fedlight.models.hub import resolve_weights, timm_state_dict, torchvision_state_dict
 from fedlight.models.registry import register_model
 
 OUTPUT_STRIDE = 32
+_FLAG = "--model.init_args.model_kwargs.encoder_weights"
 _WEIGHTS_HELP = (
-    "Download MobileNet-V2 ImageNet weights on a machine with network, either torchvision's "
-    "(MobileNet_V2_Weights.IMAGENET1K_V1: https://download.pytorch.org/models/mobilenet_v2-b0353104.pth) or "
-    "d-li14's, which LADD uses (pretrained/mobilenetv2_1.0-0c6065bc.pth of github.com/d-li14/mobilenetv2.pytorch), "
-    "copy the file here and pass its path as --model.init_args.model_kwargs.encoder_weights, or set it to null "
-    "for a random initialisation."
+    f"Set {_FLAG} to timm's mobilenetv2_100.ra_in1k or torchvision's IMAGENET1K_V1 "
+    "(https://download.pytorch.org/models/mobilenet_v2-b0353104.pth), downloaded once and read from the cache "
+    "offline, or download d-li14's weights, which LADD uses (pretrained/mobilenetv2_1.0-0c6065bc.pth of "
+    "github.com/d-li14/mobilenetv2.pytorch), and pass the file's path; null starts from a random initialisation."
 )
 
 
@@ -44,26 +47,40 @@ def _is_counter(key: str) -> bool:
     return key.endswith("num_batches_tracked")
 
 
-def _backbone_state(raw: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor], path: Path) -> dict:
+def _backbone_state(raw: Mapping[str, torch.Tensor], target: Mapping[str, torch.Tensor], source: str) -> dict:
     """Maps a MobileNet-V2 ImageNet state dict onto torchvision's ``features`` keys.
 
-    torchvision's files name the backbone ``features.*``. d-li14's (LADD's) name the same tensors in the
-    same order differently (flat ``conv.k`` inside blocks, the last 1×1 convolution ``conv.*``), so they
-    are matched by position, every shape checked. BatchNorm counters may be absent from older files.
+    torchvision's files name the backbone ``features.*``. d-li14's (LADD's) and timm's name the same tensors in
+    the same order differently (d-li14: flat ``conv.k`` inside blocks, the last 1×1 convolution ``conv.*``;
+    timm: ``conv_stem``, ``blocks.i.j.conv_pw``/``conv_dw``/``conv_pwl``, ``conv_head``), so they are matched by
+    position, every shape checked; the ImageNet classifier is left out. BatchNorm counters may be absent from
+    older files.
     """
     features = {key.removeprefix("features."): value for key, value in raw.items() if key.startswith("features.")}
     if features.keys() == target.keys():
         return features
-    tensors = [value for key, value in raw.items() if key.startswith(("features.", "conv.")) and not _is_counter(key)]
+    tensors = [value for key, value in raw.items() if not key.startswith("classifier") and not _is_counter(key)]
     names = [key for key in target if not _is_counter(key)]
     if len(tensors) == len(names) and all(t.shape == target[n].shape for t, n in zip(tensors, names, strict=True)):
         return dict(zip(names, tensors, strict=True))
     raise ConfigError(
-        f"{path} holds no MobileNet-V2 (width 1.0) ImageNet weights in torchvision's or d-li14's layout: found "
-        f"{len(tensors)} backbone tensors for the {len(names)} expected "
-        "(--model.init_args.model_kwargs.encoder_weights).",
+        f"{source} holds no MobileNet-V2 (width 1.0) ImageNet weights in torchvision's, timm's or d-li14's layout: "
+        f"found {len(tensors)} backbone tensors for the {len(names)} expected ({_FLAG}).",
         _WEIGHTS_HELP,
     )
+
+
+def _in_network_order(state: Mapping[str, torch.Tensor], tag: str) -> dict[str, torch.Tensor]:
+    """timm's checkpoint with its tensors in the network's module order, which matching by position needs.
+
+    safetensors files list their tensors sorted by name; the order comes from timm's network, built on the meta
+    device (shapes only, nothing allocated).
+    """
+    import timm
+
+    with torch.device("meta"):
+        order = timm.create_model(tag.split(".")[0]).state_dict()
+    return {key: state[key] for key in order if key in state}
 
 
 @register_model("deeplabv3_mobilenetv2")
@@ -74,8 +91,9 @@ class DeepLabV3MobileNetV2(nn.Module):
         input_shape: ``(3, height, width)`` of the training crops; height and width must be multiples of
             32, the output stride, so that ``forward_head`` restores them (``forward`` takes any size).
         num_classes: number of classes Q.
-        encoder_weights: path of a local MobileNet-V2 ImageNet state dict (torchvision's or d-li14's
-            layout), loaded by :meth:`load_pretrained`; None keeps torchvision's random initialisation.
+        encoder_weights: MobileNet-V2 ImageNet weights, loaded by :meth:`load_pretrained`: a local state dict
+            (torchvision's, timm's or d-li14's layout), timm's tag ``mobilenetv2_100.ra_in1k`` or torchvision's
+            ``IMAGENET1K_V1``/``IMAGENET1K_V2``; None keeps torchvision's random initialisation.
     """
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, encoder_weights: str | None = None) -> None:
@@ -92,26 +110,35 @@ class DeepLabV3MobileNetV2(nn.Module):
         self.backbone = mobilenet_v2().features  # [B, 1280, H/32, W/32]
         self.classifier = DeepLabHead(1280, num_classes)  # ASPP(12, 24, 36) → 3×3 conv → BN → ReLU → 1×1 conv
         self.encoder_weights = encoder_weights
+        # checked now, read in load_pretrained: a tag of another network is refused before the run starts
+        self.weights_source = (
+            resolve_weights(encoder_weights, _FLAG, ["mobilenetv2_100"], "MobileNet_V2_Weights")
+            if encoder_weights is not None
+            else None
+        )
         self.num_features = 256
 
     def load_pretrained(self) -> None:
-        """Loads the ``encoder_weights`` file into the backbone (nothing for ``None``).
+        """Loads the ``encoder_weights`` into the backbone (nothing for ``None``).
 
         Raises:
-            ConfigError: when the file is missing or holds no MobileNet-V2 weights, saying where to get them.
+            ConfigError: when the weights cannot be read or are no MobileNet-V2's, saying where to get them.
         """
-        if self.encoder_weights is None:
+        source = self.weights_source
+        if source is None:
             return
-        path = Path(self.encoder_weights).expanduser()
-        if not path.is_file():
-            raise ConfigError(
-                f"MobileNet-V2 ImageNet weights not found at {path} (--model.init_args.model_kwargs.encoder_weights).",
-                _WEIGHTS_HELP,
-            )
-        raw = torch.load(path, map_location="cpu", weights_only=True)
-        if isinstance(raw, Mapping) and isinstance(raw.get("state_dict"), Mapping):
-            raw = raw["state_dict"]
-        state = _backbone_state(raw, self.backbone.state_dict(), path)
+        if source.kind == "timm":
+            raw = _in_network_order(timm_state_dict(source.name, _FLAG), source.name)
+        elif source.kind == "torchvision":
+            raw = torchvision_state_dict("MobileNet_V2_Weights", source.name, _FLAG)
+        else:
+            path = Path(source.name).expanduser()
+            if not path.is_file():
+                raise ConfigError(f"MobileNet-V2 ImageNet weights not found at {path} ({_FLAG}).", _WEIGHTS_HELP)
+            raw = torch.load(path, map_location="cpu", weights_only=True)
+            if isinstance(raw, Mapping) and isinstance(raw.get("state_dict"), Mapping):
+                raw = raw["state_dict"]
+        state = _backbone_state(raw, self.backbone.state_dict(), source.name)
         missing, unexpected = self.backbone.load_state_dict(state, strict=False)
         assert not unexpected and all(map(_is_counter, missing)), f"missing {missing}, unexpected {unexpected}"
 

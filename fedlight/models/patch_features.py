@@ -5,9 +5,10 @@ last block after the final LayerNorm, the class token dropped, laid out on the p
 is a 28×28 map of 768-channel features. :func:`build_patch_backbone` gives that network and two offline
 stand-ins with the same interface:
 
-- ``vit_base_patch8_224``: timm's ViT-B/8, the DINO architecture; its weights come from a local file
-  (DINO's ``dino_vitbase8_pretrain.pth`` or any checkpoint with timm's or DINO's key names), loaded by
-  :meth:`PatchFeatures.load_pretrained`;
+- ``vit_base_patch8_224``: timm's ViT-B/8, the DINO architecture; its weights come from timm's tag
+  ``vit_base_patch8_224.dino`` (the Hugging Face Hub) or a local file (DINO's ``dino_vitbase8_pretrain.pth`` or
+  any checkpoint with timm's or DINO's key names), loaded by :meth:`PatchFeatures.load_state`;
+- ``vit_small_patch8_224``: DINO's ViT-S/8 the same way (``vit_small_patch8_224.dino``);
 - ``vit_tiny_patch8``: the same code path with small dimensions (width 64, depth 2 by default), trained
   from scratch or loaded from a checkpoint of ``benchmarks/fuss/pretrain_tiny_vit.py``;
 - ``conv_patch8``: three stride-2 convolutions, left at their random initialisation, for smoke tests.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -28,7 +29,12 @@ from torch.nn.utils import skip_init
 
 from fedlight.errors import ConfigError
 
-BackboneName = Literal["vit_base_patch8_224", "vit_tiny_patch8", "conv_patch8"]
+BackboneName = Literal["vit_base_patch8_224", "vit_small_patch8_224", "vit_tiny_patch8", "conv_patch8"]
+#: the timm architectures whose pretrained tags fit each backbone (fedlight's stand-ins have none)
+TIMM_ARCHITECTURES: dict[str, tuple[str, ...]] = {
+    "vit_base_patch8_224": ("vit_base_patch8_224",),
+    "vit_small_patch8_224": ("vit_small_patch8_224",),
+}
 DINO_VITB8_URL = "https://dl.fbaipublicfiles.com/dino/dino_vitbase8_pretrain/dino_vitbase8_pretrain.pth"
 
 
@@ -55,6 +61,10 @@ class PatchFeatures(nn.Module):
 
     def load_pretrained(self, path: str | Path) -> None:
         """Loads weights from a local file (for ViTs: DINO's or timm's key names)."""
+        self.load_state(torch.load(Path(path), map_location="cpu", weights_only=True), str(path))
+
+    def load_state(self, state: dict[str, Any], source: str) -> None:
+        """Loads a state dict read from ``source`` (a file or a hub tag, named in errors)."""
         raise NotImplementedError(f"{type(self).__name__} has no pretrained weights")
 
 
@@ -78,7 +88,7 @@ class ViTPatchFeatures(PatchFeatures):
         patches = tokens[:, self.vit.num_prefix_tokens :]  # [B, h·w, C]
         return self._centered(patches.transpose(1, 2).reshape(images.shape[0], self.out_channels, h, w))
 
-    def load_pretrained(self, path: str | Path) -> None:
+    def load_state(self, state: dict[str, Any], source: str) -> None:
         """Loads DINO's or timm's ViT weights; every weight of the network must be found.
 
         DINO's full training checkpoints hold ``teacher``/``student`` states with ``backbone.`` and
@@ -86,7 +96,6 @@ class ViTPatchFeatures(PatchFeatures):
         """
         from timm.models.vision_transformer import checkpoint_filter_fn
 
-        state: Any = torch.load(Path(path), map_location="cpu", weights_only=True)
         for key in ("teacher", "model", "state_dict"):
             if isinstance(state, dict) and key in state and isinstance(state[key], dict):
                 state = state[key]
@@ -97,7 +106,7 @@ class ViTPatchFeatures(PatchFeatures):
         missing = [k for k in missing if not k.startswith("head")]
         if missing or unexpected:
             raise ConfigError(
-                f"The weights in {path} do not fit this ViT: missing {missing[:5]}, unexpected {unexpected[:5]}. "
+                f"The weights in {source} do not fit this ViT: missing {missing[:5]}, unexpected {unexpected[:5]}. "
                 "Pass DINO ViT-B/8 weights for vit_base_patch8_224 (or a checkpoint of the same architecture)."
             )
 
@@ -131,15 +140,15 @@ class ConvPatchFeatures(PatchFeatures):
     def forward(self, images: Tensor) -> Tensor:
         return self._centered(self.net(images))  # [B, C, H/8, W/8]
 
-    def load_pretrained(self, path: str | Path) -> None:
-        self.load_state_dict(torch.load(Path(path), map_location="cpu", weights_only=True))
+    def load_state(self, state: dict[str, Any], source: str) -> None:
+        self.load_state_dict(state)
 
 
 def build_patch_backbone(name: BackboneName, image_size: int, initialize: bool = True, **kwargs: Any) -> PatchFeatures:
     """Builds a patch-feature backbone by name (see the module docstring).
 
     Args:
-        name: ``vit_base_patch8_224``, ``vit_tiny_patch8`` or ``conv_patch8``.
+        name: ``vit_base_patch8_224``, ``vit_small_patch8_224``, ``vit_tiny_patch8`` or ``conv_patch8``.
         image_size: the training image side, the ViT's native size (its position embedding's grid).
         initialize: draw the ViT's random initialisation. ``False`` leaves its weights uninitialised, for
             a network whose weights are loaded next (ViT-B/8's initialisation alone takes seconds).
@@ -157,9 +166,11 @@ def build_patch_backbone(name: BackboneName, image_size: int, initialize: bool =
     build = VisionTransformer if initialize else partial(skip_init, VisionTransformer)
     if name == "vit_base_patch8_224":
         options = {"embed_dim": 768, "depth": 12, "num_heads": 12} | kwargs
+    elif name == "vit_small_patch8_224":
+        options = {"embed_dim": 384, "depth": 12, "num_heads": 6} | kwargs
     elif name == "vit_tiny_patch8":
         options = {"embed_dim": 64, "depth": 2, "num_heads": 2} | kwargs
     else:
-        raise ConfigError(f"Unknown backbone {name!r}; choose vit_base_patch8_224, vit_tiny_patch8 or conv_patch8.")
+        raise ConfigError(f"Unknown backbone {name!r}; choose one of {', '.join(get_args(BackboneName))}.")
     vit = build(img_size=image_size, patch_size=8, num_classes=0, dynamic_img_size=True, **options)
     return ViTPatchFeatures(vit)

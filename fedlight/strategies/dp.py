@@ -25,12 +25,23 @@ same accountant and reports the same ε.
 
 Clipping covers every federated entry (parameters and floating-point buffers): that is what a client sends.
 The logged update norms and unclipped fraction are diagnostics for tuning C and are not privatised.
+
+The noise is secret. Anyone who can regenerate it subtracts it and holds the noise-free average, which no ε
+protects, so it is not drawn from the run's seed (which ``config.yaml`` and W&B record): a fresh run draws a
+128-bit secret from the operating system (``secrets``), and round t's noise from a seed derived from (secret, t).
+The secret lives only in the strategy's state, hence in the checkpoint, so that a resumed run draws the same
+noise; it is never in the configuration, the metrics or the logs, and the checkpoint must be kept as private as
+the clients' updates. ``insecure_seeded_noise`` draws the noise from the run's seed instead, for simulations
+that must be reproducible from their configuration alone; ε then describes the mechanism, not a protection
+against anyone who has the configuration.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import secrets
+import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -126,6 +137,10 @@ class DPFedAvg(RuleWrapper):
         accountant: ``rdp``, ``pld`` or ``both`` (then ``dp/epsilon`` is RDP's and ``dp/epsilon_pld`` PLD's).
         poisson_sampling: every client takes part with probability q = K'/N (``--trainer.clients_per_round`` is
             then the expected K'), which the accountant assumes; false draws exactly K' clients uniformly.
+        insecure_seeded_noise: draw the noise from ``--seed_everything`` rather than from a secret, so that a run
+            is reproducible from its configuration alone (simulation only: whoever has the configuration can
+            subtract the noise, and ε protects nothing against them). False: a secret drawn from the operating
+            system when the run starts, kept only in the checkpoint.
     """
 
     def __init__(
@@ -140,6 +155,7 @@ class DPFedAvg(RuleWrapper):
         delta: float = 1e-5,
         accountant: Accountant = "rdp",
         poisson_sampling: bool = False,
+        insecure_seeded_noise: bool = False,
     ) -> None:
         rule = FedAvg() if rule is None else rule
         problems = []
@@ -176,6 +192,8 @@ class DPFedAvg(RuleWrapper):
         self.delta = delta
         self.accountant = accountant
         self.poisson_sampling = poisson_sampling
+        self.insecure_seeded_noise = insecure_seeded_noise
+        self._secret: int | None = None  # of the noise seeds; the checkpoint's only, never logged
         self.steps = 0  # noisy rounds so far: all the accountant needs
         self._num_clients = 0  # N
         self._expected = 0  # K', the (expected) number of clients per round: qN
@@ -223,6 +241,15 @@ class DPFedAvg(RuleWrapper):
     def on_fit_start(self, context: RunContext) -> None:
         self.rule.on_fit_start(context)
         self._num_clients = context.datamodule.num_clients
+        if not self.insecure_seeded_noise and self._secret is None:  # a resumed run has its checkpoint's
+            self._secret = context.all_gather_objects(secrets.randbits(128) if context.rank == 0 else None)[0]
+        if self.insecure_seeded_noise and self.noise_multiplier > 0 and context.rank == 0:
+            warnings.warn(
+                "DPFedAvg draws its noise from --seed_everything (insecure_seeded_noise=true): whoever has this run's "
+                "configuration can subtract the noise, so the reported ε protects nothing against them. Use it for "
+                "simulations only.",
+                stacklevel=2,
+            )
 
     def on_round_start(self, context: RunContext, round_idx: int, plans: list[ClientPlan]) -> None:
         self.rule.on_round_start(context, round_idx, plans)
@@ -231,8 +258,16 @@ class DPFedAvg(RuleWrapper):
                 f"Adaptive clipping's count noise σ_b = K'/20 = {self.count_noise()} must exceed noise_multiplier / 2 "
                 f"= {self.noise_multiplier / 2}; set --strategy.init_args.count_noise_std above it."
             )
-        rng = context.strategy_rng(round_idx).spawn(_NOISE_CHILD + 1)[_NOISE_CHILD]
-        self._noise_seed = int(rng.integers(2**62))  # the same on every process
+        self._noise_seed = self.noise_seed(context, round_idx)
+
+    def noise_seed(self, context: RunContext, round_idx: int) -> int:
+        """The seed of round ``round_idx``'s noise, the same on every process: derived from the secret, or with
+        ``insecure_seeded_noise`` from the round's strategy stream (and so from the run's seed)."""
+        if self.insecure_seeded_noise:
+            rng = context.strategy_rng(round_idx).spawn(_NOISE_CHILD + 1)[_NOISE_CHILD]
+            return int(rng.integers(2**62))
+        assert self._secret is not None, "DPFedAvg drew no secret: on_fit_start did not run"
+        return int(np.random.SeedSequence(self._secret, spawn_key=(round_idx,)).generate_state(1, np.uint64)[0])
 
     def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
         self.rule.on_client_fit_start(context, module, plan)
@@ -288,10 +323,11 @@ class DPFedAvg(RuleWrapper):
 
     # -- state ----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The rule's state, the number of noisy rounds (the accountant's whole state) and C."""
-        return {**super().state_dict(), "steps": self.steps, "clip_norm": self.clip_norm}
+        """The rule's state, the number of noisy rounds (the accountant's whole state), C and the noise's secret."""
+        return {**super().state_dict(), "steps": self.steps, "clip_norm": self.clip_norm, "noise_secret": self._secret}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.steps = int(state.get("steps", 0))
         self.clip_norm = float(state.get("clip_norm", self.clip_norm))
+        self._secret = state.get("noise_secret", self._secret)

@@ -21,7 +21,7 @@ def test_a_missing_weights_file_says_where_to_put_the_dino_weights(tmp_path):
     client = UnsupervisedSegmentationClient(
         num_classes=5, input_shape=(3, 32, 32), backbone="conv_patch8", pretrained=str(tmp_path / "dino.pth")
     )
-    with pytest.raises(ConfigError, match=r"DINO ViT-B/8 weights, dino_vitbase8_pretrain\.pth"):
+    with pytest.raises(ConfigError, match=r"tag vit_base_patch8_224\.dino, or the file dino_vitbase8_pretrain\.pth"):
         client.configure_model()
 
 

@@ -60,7 +60,7 @@ ADAM = pytest.param(lambda p: torch.optim.Adam(p, lr=1e-3), id="adam")
 
 
 @pytest.mark.parametrize("optimizer", [SGD, ADAM])
-@pytest.mark.parametrize("batching", [3, "auto"])
+@pytest.mark.parametrize("batching", [3, 8])
 def test_batched_mlp_rounds_equal_the_sequential_ones(optimizer, batching):
     sequential, plans = run(images(), MLP, optimizer, None)
     batched, batched_plans = run(images(), MLP, optimizer, batching)
@@ -79,7 +79,7 @@ def test_vectorised_plain_and_tail_steps_mix_to_the_sequential_rounds(monkeypatc
     monkeypatch.setattr(BatchedLocalFit, "sequential_below", sequential_below)
     optimizer = lambda p: torch.optim.Adam(p, lr=1e-2)  # noqa: E731  (per-client moments and step count)
     sequential, plans = run(images(), MLP, optimizer, None, rounds=3)
-    batched, batched_plans = run(images(), MLP, optimizer, "auto", rounds=3)
+    batched, batched_plans = run(images(), MLP, optimizer, 8, rounds=3)
     assert batched_plans.rounds == plans.rounds
     torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)
 
@@ -89,7 +89,7 @@ def test_compiled_batched_rounds_equal_the_sequential_ones():
     batches take plain steps; the rounds still equal the sequential ones."""
     optimizer = lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)  # noqa: E731
     sequential, plans = run(images(), MLP, optimizer, None, rounds=2)
-    batched, batched_plans = run(images(), MLP, optimizer, "auto", rounds=2, compile_batched=True)
+    batched, batched_plans = run(images(), MLP, optimizer, 8, rounds=2, compile_batched=True)
     assert batched.fits.vectorised._compiled is not None
     assert batched_plans.rounds == plans.rounds
     torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)
@@ -108,14 +108,14 @@ def test_one_batched_fp32_step_equals_the_sequential_one():
     settings = {"local_steps": 1, "straggler_fraction": 0.0, "precision": "32-true"}
     optimizer = lambda p: torch.optim.SGD(p, lr=0.5)  # noqa: E731
     sequential, _ = run(images(), MLP, optimizer, None, rounds=1, **settings)
-    batched, _ = run(images(), MLP, optimizer, "auto", rounds=1, **settings)
+    batched, _ = run(images(), MLP, optimizer, 8, rounds=1, **settings)
     torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=ONE_STEP_ATOL)
 
 
 def test_batched_cnn_rounds_equal_the_sequential_ones():
     optimizer = lambda p: torch.optim.SGD(p, lr=0.05)  # noqa: E731
     sequential, plans = run(images(), CNN, optimizer, None, rounds=3)
-    batched, batched_plans = run(images(), CNN, optimizer, "auto", rounds=3)
+    batched, batched_plans = run(images(), CNN, optimizer, 8, rounds=3)
     assert batched_plans.rounds == plans.rounds
     torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)
 
@@ -124,7 +124,7 @@ def test_rounds_that_cannot_be_vectorised_run_sequentially_and_say_why_once_on_t
     torch.manual_seed(0)
     model = ClassificationClient(**MLP)
     trainer = FederatedTrainer(
-        rounds=2, clients_per_round=3, local_epochs=1, logger=None, enable_progress_bar=False, client_batching="auto"
+        rounds=2, clients_per_round=3, local_epochs=1, logger=None, enable_progress_bar=False, client_batching=8
     )
     trainer.fit(model, images(), FedProx(mu=0.1))
     lines = [line for line in capsys.readouterr().out.splitlines() if "clients train one after another" in line]
@@ -152,3 +152,31 @@ def test_a_chunk_below_one_is_refused():
 def test_compiling_without_batching_is_refused_at_set_up():
     with pytest.raises(ConfigError, match=r"compile_batched=true .* --trainer\.client_batching=K or auto"):
         FederatedTrainer(compile_batched=True)
+
+
+def auto_choice(capsys, model_kwargs, data, clients_per_round):
+    """The console line of ``client_batching=auto`` on a CPU, and whether the run vectorised."""
+    torch.manual_seed(0)
+    trainer = FederatedTrainer(
+        rounds=1, clients_per_round=clients_per_round, local_epochs=1, logger=None, enable_progress_bar=False,
+        client_batching="auto", accelerator="cpu",
+    )  # fmt: skip
+    trainer.fit(ClassificationClient(**model_kwargs), data, FedAvg())
+    lines = [line for line in capsys.readouterr().out.splitlines() if "client_batching" in line]
+    assert len(lines) == 1, lines
+    return lines[0], not isinstance(trainer.fits.vectorised, str)
+
+
+def test_auto_keeps_convolutions_sequential_on_a_cpu_and_says_so(capsys):
+    line, vectorised = auto_choice(capsys, CNN, images(), 6)
+    assert not vectorised and "stacked convolutions (" in line and "client_batching=K" in line
+
+
+def test_auto_vectorises_equal_clients_and_keeps_unequal_ones_sequential_on_a_cpu(capsys):
+    # eight unequal clients, each one epoch: Σ steps / max steps = (3+4+4+2+6+3+4+5) / 6 = 5.2 < 8
+    line, vectorised = auto_choice(capsys, MLP, images(), 8)
+    assert not vectorised and "Σ steps / max steps over its clients is 5.2" in line
+    # ten equal clients: the bound is 10, where an uncompiled stack measured 1.45× sequential
+    equal = FederatedDataModule(ClientImages([30] * 10, list(range(10))), batch_size=10, test_fraction=0.0)
+    line, vectorised = auto_choice(capsys, MLP, equal, 10)
+    assert vectorised and "clients train vectorised" in line and "10.0" in line

@@ -42,8 +42,8 @@ def test_two_processes_give_exactly_the_model_and_metrics_of_one_and_warn_of_not
 
 
 def test_two_processes_of_batched_clients_give_the_model_of_one(tmp_path):
-    one = fit(tmp_path, 1, "--trainer.client_batching=auto", name="batched1")
-    two = fit(tmp_path, 2, "--trainer.client_batching=auto", name="batched2")
+    one = fit(tmp_path, 1, "--trainer.client_batching=16", name="batched1")
+    two = fit(tmp_path, 2, "--trainer.client_batching=16", name="batched2")
     for name, value in one["global_state"].items():
         torch.testing.assert_close(two["global_state"][name], value, rtol=0, atol=1e-6)
     for row_one, row_two in zip(one["history"], two["history"], strict=True):

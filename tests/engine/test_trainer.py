@@ -84,12 +84,12 @@ def test_killed_and_resumed_run_ends_with_the_same_metrics(tmp_path, killer):
 
 
 def test_a_killed_batched_run_resumes_to_the_uninterrupted_one(tmp_path):
-    reference = make_trainer(tmp_path / "reference", client_batching="auto")
+    reference = make_trainer(tmp_path / "reference", client_batching=16)
     reference.fit(make_model(), synthetic_data(), FedAvg())
-    killed = make_trainer(tmp_path / "killed", callbacks=[KillAfterRound(2)], client_batching="auto")
+    killed = make_trainer(tmp_path / "killed", callbacks=[KillAfterRound(2)], client_batching=16)
     with pytest.raises(Kill):
         killed.fit(make_model(), synthetic_data(), FedAvg())
-    resumed = make_trainer(tmp_path / "killed", client_batching="auto")
+    resumed = make_trainer(tmp_path / "killed", client_batching=16)
     resumed.fit(
         make_model(seed=123), synthetic_data(), FedAvg(), ckpt_path=killed.run_dir / "checkpoints" / "last.ckpt"
     )

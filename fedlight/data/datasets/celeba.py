@@ -9,7 +9,9 @@ bicubic (LEAF ran on a Pillow whose default was nearest-neighbour).
 
 Files are read from torchvision's layout, ``<root>/celeba/{identity_CelebA.txt, list_attr_celeba.txt,
 img_align_celeba/}``, but not through ``torchvision.datasets.CelebA``: it demands three more text
-files and checks every text file's MD5, which only the full download passes.
+files and checks every text file's MD5, which only the full download passes. CelebA has no direct download
+link: its authors share it on Google Drive, and ``download`` fetches the three files it needs from there by
+torchvision's file ids and MD5s, through ``gdown`` (the ``celeba`` extra).
 
 Memory: LEAF's 9,343 users hold about 200k images, which take 4.2 GB as 84×84 uint8 and 17 GB as
 the float32 pool :class:`~fedlight.data.base.LabelledTensors` holds (1.8 MB per user on average).
@@ -19,8 +21,9 @@ uint8 images are cached next to the data on first use.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
-import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,12 +31,18 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+from torchvision.datasets.utils import download_file_from_google_drive
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
+from fedlight.data.datasets.download import download_failed, download_lock
+from fedlight.data.readers.image_files import read_cached_images, write_cached_images
 from fedlight.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 _LABEL = "Smiling"
 _FILES = ("identity_CelebA.txt", "list_attr_celeba.txt", "img_align_celeba")
+_ARCHIVE = "img_align_celeba.zip"
 
 
 class CelebA(FederatedDataset):
@@ -46,7 +55,8 @@ class CelebA(FederatedDataset):
 
     The first call decodes the images and saves them as uint8 to
     ``<root>/fedlight_cache_<S>px_min<min_images>[_users<max_users>].pt``; later calls load that file
-    (a stale cache, whose file list differs, is rebuilt). If ``root`` is read-only, nothing is cached.
+    (a stale cache, whose file list differs, or a damaged one, whose images fail their digest, is rebuilt). If
+    ``root`` is read-only, nothing is cached.
 
     Args:
         root: Folder holding ``celeba/identity_CelebA.txt``, ``celeba/list_attr_celeba.txt`` and the
@@ -55,6 +65,8 @@ class CelebA(FederatedDataset):
         min_images: Celebrities with fewer images are dropped (LEAF: 5).
         max_users: Keep only this many celebrities, those with the smallest identity ids, to fit in
             less memory (about 1.8 MB of float32 per celebrity at 84×84); ``None`` keeps all.
+        download: fetch the missing files from the authors' Google Drive (1.4 GB of images, each file's MD5
+            checked) with ``gdown``: ``pip install -e ".[celeba]"``.
     """
 
     num_classes = 2
@@ -65,6 +77,7 @@ class CelebA(FederatedDataset):
         image_size: int = 84,
         min_images: int = 5,
         max_users: int | None = None,
+        download: bool = False,
     ) -> None:
         problems = []
         for name, value in (("image_size", image_size), ("min_images", min_images)):
@@ -75,6 +88,7 @@ class CelebA(FederatedDataset):
         if problems:
             raise ConfigError(*problems)
         self.root = root
+        self.download = download
         self.image_size = image_size
         self.min_images = min_images
         self.max_users = max_users
@@ -84,13 +98,19 @@ class CelebA(FederatedDataset):
         """Selects the celebrities, reads their labels and loads (or decodes and caches) their images."""
         folder = Path(self.root) / "celeba"
         missing = [name for name in _FILES if not (folder / name).exists()]
+        if missing and self.download:
+            with download_lock(folder):
+                missing = [name for name in _FILES if not (folder / name).exists()]  # another process may have
+                if missing:
+                    _fetch(folder, missing)
+            missing = [name for name in _FILES if not (folder / name).exists()]
         if missing:
             raise ConfigError(
                 f"CelebA is incomplete under --data.dataset.init_args.root={self.root}: {folder} lacks "
                 f"{', '.join(missing)}. Download img_align_celeba.zip, identity_CelebA.txt and list_attr_celeba.txt "
                 f"from the CelebA site (https://mmlab.ie.cuhk.edu.hk/projects/CelebA.html) into {folder}/ and "
-                'unzip the images there, or run python -c "from torchvision.datasets import CelebA; '
-                f"CelebA('{self.root}', download=True)\" (needs gdown) on a machine with network and copy the folder."
+                "unzip the images there, or set --data.dataset.init_args.download=true (Google Drive, through gdown: "
+                'pip install -e ".[celeba]").'
             )
         filenames, identities = self._select(folder / "identity_CelebA.txt")
         smiling = _read_attribute(folder / "list_attr_celeba.txt", _LABEL)
@@ -129,12 +149,41 @@ class CelebA(FederatedDataset):
         suffix = f"_users{self.max_users}" if self.max_users is not None else ""
         cache = Path(self.root) / f"fedlight_cache_{self.image_size}px_min{self.min_images}{suffix}.pt"
         if cache.is_file():
-            cached = torch.load(cache, weights_only=True)
-            if cached["filenames"] == filenames:
-                return cached["images"]
+            images, problem = read_cached_images(cache, "filenames", filenames, (3, self.image_size, self.image_size))
+            if images is not None:
+                return images
+            log.warning("%s %s: decoding again", cache, problem)
         images = _decode_all(image_dir, filenames, self.image_size)
-        _save_atomically({"filenames": filenames, "images": images}, cache)
+        write_cached_images(cache, {"filenames": filenames, "images": images})
         return images
+
+
+def _fetch(folder: Path, missing: list[str]) -> None:
+    """Downloads the ``missing`` files of :data:`_FILES` from Google Drive into ``folder`` and unpacks the images."""
+    from torchvision.datasets import CelebA as TorchvisionCelebA
+    from torchvision.datasets.utils import extract_archive
+
+    if not _gdown_installed():
+        raise ConfigError(
+            f"CelebA lacks {', '.join(missing)} in {folder}, and --data.dataset.init_args.download=true fetches them "
+            'from Google Drive with gdown, which is not installed: pip install -e ".[celeba]" (or gdown), or put the '
+            "files there yourself."
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    wanted = {_ARCHIVE if name == "img_align_celeba" else name for name in missing}
+    sources = [(file_id, md5, name) for file_id, md5, name in TorchvisionCelebA.file_list if name in wanted]
+    for file_id, md5, name in sources:
+        try:
+            download_file_from_google_drive(file_id, folder, name, md5)
+        except (OSError, RuntimeError) as error:
+            urls = [f"https://drive.google.com/uc?id={file_id} ({name})" for file_id, _, name in sources]
+            raise download_failed("CelebA", urls, folder, error) from error
+    if _ARCHIVE in wanted:
+        extract_archive(str(folder / _ARCHIVE), str(folder))
+
+
+def _gdown_installed() -> bool:
+    return importlib.util.find_spec("gdown") is not None
 
 
 def _read_attribute(attr_file: Path, name: str) -> dict[str, int]:
@@ -167,16 +216,3 @@ def _decode_all(image_dir: Path, filenames: list[str], size: int) -> torch.Tenso
     with ThreadPoolExecutor(max_workers=min(32, os.cpu_count() or 1)) as pool:
         list(pool.map(decode, range(len(filenames))))
     return images
-
-
-def _save_atomically(obj: dict, path: Path) -> None:
-    """Writes ``obj`` through a temporary file, so a crash or a concurrent reader never sees half a file."""
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except OSError as error:
-        tmp.unlink(missing_ok=True)
-        warnings.warn(
-            f"Could not cache the decoded CelebA images at {path} ({error}); they will be decoded again.", stacklevel=3
-        )

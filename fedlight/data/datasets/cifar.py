@@ -8,14 +8,12 @@ models standardise them (:class:`~fedlight.models.resnet.ResNet`).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torchvision.datasets import CIFAR10 as TorchvisionCIFAR10
 from torchvision.datasets import CIFAR100 as TorchvisionCIFAR100
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
-from fedlight.errors import ConfigError
+from fedlight.data.datasets.download import through_torchvision
 
 
 class CIFAR10(FederatedDataset):
@@ -24,6 +22,7 @@ class CIFAR10(FederatedDataset):
     Args:
         root: the folder holding ``cifar-10-batches-py/`` (what ``torchvision.datasets.CIFAR10(root,
             download=True)`` leaves there).
+        download: fetch the archive through torchvision (its MD5 and every batch file's checked) when missing.
     """
 
     num_classes = 10
@@ -31,8 +30,9 @@ class CIFAR10(FederatedDataset):
     _torchvision = TorchvisionCIFAR10
     _folder = "cifar-10-batches-py"
 
-    def __init__(self, root: str = "data/cifar10") -> None:
+    def __init__(self, root: str = "data/cifar10", download: bool = False) -> None:
         self.root = root
+        self.download = download
 
     def load_train(self) -> LabelledTensors:
         """The 50,000 training images, in file order."""
@@ -43,16 +43,16 @@ class CIFAR10(FederatedDataset):
         return self._read(train=False)
 
     def _read(self, train: bool) -> LabelledTensors:
-        try:
-            split = self._torchvision(self.root, train=train, download=False)
-        except RuntimeError as error:
-            name = self._torchvision.__name__
-            raise ConfigError(
-                f"{name} was not found under --data.dataset.init_args.root={self.root} ({error}). On a machine "
-                f"with network, run python -c \"from torchvision.datasets import {name}; {name}('{self.root}', "
-                f'download=True)" and copy {Path(self.root) / self._folder}/ here (or download '
-                f"{self._torchvision.url} and extract it into {self.root}/)."
-            ) from error
+        source = self._torchvision
+        split = through_torchvision(
+            lambda: source(self.root, train=train, download=self.download),
+            source.__name__,
+            [source.url],
+            self.root,
+            self.root,
+            self.download,
+            missing=f"download {source.url} and extract it into {self.root}/ (it unpacks to {self._folder}/).",
+        )
         images = torch.from_numpy(split.data).permute(0, 3, 1, 2).contiguous()  # [N, 32, 32, 3] → [N, 3, 32, 32]
         return LabelledTensors(inputs=images, targets=torch.tensor(split.targets, dtype=torch.int64))
 
@@ -63,11 +63,12 @@ class CIFAR100(CIFAR10):
     Args:
         root: the folder holding ``cifar-100-python/`` (what ``torchvision.datasets.CIFAR100(root,
             download=True)`` leaves there).
+        download: fetch the archive through torchvision (its MD5 and every file's checked) when missing.
     """
 
     num_classes = 100
     _torchvision = TorchvisionCIFAR100
     _folder = "cifar-100-python"
 
-    def __init__(self, root: str = "data/cifar100") -> None:
-        super().__init__(root)
+    def __init__(self, root: str = "data/cifar100", download: bool = False) -> None:
+        super().__init__(root, download)

@@ -14,11 +14,13 @@ from pathlib import Path
 import torch
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
+from fedlight.data.datasets.download import fetch_archive
 from fedlight.data.readers.image_files import cached_images
 from fedlight.errors import ConfigError
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 _URL = "https://datashare.ed.ac.uk/bitstream/handle/10283/3192/CINIC-10.tar.gz"
+_MD5 = "6ee4d0c996905fe93221de577967a372"  # the archive unpacks to train/, valid/ and test/
 
 
 class CINIC10(FederatedDataset):
@@ -29,17 +31,24 @@ class CINIC10(FederatedDataset):
         train_splits: the splits pooled for the clients (``[train]``: the paper's 90K images;
             ``[train, valid]`` gives 180K).
         cache: keep the decoded splits in ``<root>/.fedlight_cache/`` for the next load.
+        download: fetch the archive from the University of Edinburgh's DataShare (MD5 checked) and unpack it
+            into ``root`` when a split's folders are missing.
     """
 
     num_classes = 10
     input_shape = (3, 32, 32)
 
     def __init__(
-        self, root: str = "data/cinic10", train_splits: tuple[str, ...] = ("train",), cache: bool = True
+        self,
+        root: str = "data/cinic10",
+        train_splits: tuple[str, ...] = ("train",),
+        cache: bool = True,
+        download: bool = False,
     ) -> None:
         self.root = root
         self.train_splits = tuple(train_splits)
         self.cache = cache
+        self.download = download
 
     def load_train(self) -> LabelledTensors:
         """The pooled training splits, class by class in sorted file order."""
@@ -54,11 +63,14 @@ class CINIC10(FederatedDataset):
         root = Path(self.root)
         folders = [root / split / name for name in CLASSES]
         missing = [str(f) for f in folders if not f.is_dir()]
+        if missing and self.download:
+            fetch_archive("CINIC-10", _URL, _MD5, root, done=lambda: all(f.is_dir() for f in folders))
+            missing = [str(f) for f in folders if not f.is_dir()]
         if missing:
             raise ConfigError(
                 f"CINIC-10 was not found under --data.dataset.init_args.root={self.root}: missing "
                 f"{', '.join(missing)}. Download {_URL} and extract it so that "
-                f"{root}/{{train,valid,test}}/<class>/*.png exist."
+                f"{root}/{{train,valid,test}}/<class>/*.png exist, or set --data.dataset.init_args.download=true."
             )
         paths, labels = [], []
         for label, folder in enumerate(folders):

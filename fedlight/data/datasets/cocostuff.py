@@ -9,15 +9,18 @@ Reads a local copy in STEGO's layout::
 
 Fine labels map to STEGO's 27 coarse classes (FINE_TO_COARSE). Every training image's *dominant label*
 is its most frequent coarse class (FUSS Eq. 22), computed once from the full-size masks and cached next to
-the data; partition by it with Dirichlet(num_clients=18, alpha=0.5), or pass FUSS's own client lists
-(client_lists: a folder of train_MA18__client<k>.txt) for its exact clients. Images are resized
+the data with its digest (a damaged cache is computed again); partition by it with
+Dirichlet(num_clients=18, alpha=0.5), or pass FUSS's own client lists (client_lists: a folder of
+train_MA18__client<k>.txt) for its exact clients. Images are resized
 (shorter side, nearest) and centre-cropped to image_size (FUSS: no crops for CocoStuff), test images to
 test_size.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -28,6 +31,8 @@ from fedlight.data.base import FederatedDataset, LabelledTensors
 from fedlight.data.labels import COCOSTUFF_27_CLASSES, IGNORE_INDEX
 from fedlight.data.readers.stego_files import StegoImages, StegoLabels, map_files, read_label
 from fedlight.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 #: STEGO's map of CocoStuff's 182 fine labels to 27 coarse classes (index = fine label).
 FINE_TO_COARSE = (
@@ -138,7 +143,7 @@ class CocoStuff27(FederatedDataset):
     def _dominant_labels(self, ids: list[str]) -> np.ndarray:
         """Each image's most frequent coarse class (Eq. 22), cached as JSON next to the annotations."""
         cache = self.root / "fedlight_dominant_labels_train2017.json"
-        known = json.loads(cache.read_text()) if cache.is_file() else {}
+        known = _read_dominant_labels(cache) if cache.is_file() else {}
         todo = [i for i in ids if i not in known]
         if todo:
             lookup = coarse_lookup()
@@ -151,8 +156,27 @@ class CocoStuff27(FederatedDataset):
             known |= dict(zip(todo, map_files(dominant, todo, self.num_workers), strict=True))
             try:
                 tmp = cache.with_name(f"{cache.name}.tmp{os.getpid()}")
-                tmp.write_text(json.dumps(known))
+                tmp.write_text(json.dumps({"labels": known, "digest": _labels_digest(known)}))
                 os.replace(tmp, cache)
             except OSError:  # a read-only dataset folder: the masks are read again next time
                 pass
         return np.array([known[i] for i in ids], dtype=np.int64)
+
+
+def _labels_digest(labels: dict[str, int]) -> str:
+    return hashlib.blake2b(json.dumps(labels, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+def _read_dominant_labels(cache: Path) -> dict[str, int]:
+    """The dominant labels a cache file holds if it matches its digest and every label is a coarse class; else
+    nothing (with a warning naming the file), so that they are computed again from the masks."""
+    try:
+        stored = json.loads(cache.read_text())
+        labels, digest = stored["labels"], stored["digest"]
+        valid = all(isinstance(c, int) and 0 <= c < len(COCOSTUFF_27_CLASSES) for c in labels.values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        labels, digest, valid = {}, None, False
+    if valid and _labels_digest(labels) == digest:
+        return labels
+    log.warning("%s is damaged or has no digest: the dominant labels are computed again from the masks", cache)
+    return {}

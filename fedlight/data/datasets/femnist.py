@@ -21,6 +21,7 @@ import torch
 from torchvision.datasets import EMNIST
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
+from fedlight.data.datasets.download import through_torchvision
 from fedlight.errors import ConfigError
 
 # EMNIST byclass labels: digits 0–9, upper-case A–Z 10–35, lower-case a–z 36–61; a–j are 36–45.
@@ -40,23 +41,28 @@ class FEMNIST(FederatedDataset):
             as ``torchvision.datasets.EMNIST(root, split="byclass")`` expects them.
         images_per_class: Images drawn without replacement from each letter (FedProx: 4000).
         seed: Seed of the draw; one seed gives one pool.
+        download: fetch NIST's ``gzip.zip`` (every EMNIST split) through torchvision, its MD5 checked, when
+            the files are missing.
     """
 
     num_classes = _NUM_LETTERS
     input_shape = (1, 28, 28)
 
-    def __init__(self, root: str = "data/emnist", images_per_class: int = 4000, seed: int = 0) -> None:
+    def __init__(
+        self, root: str = "data/emnist", images_per_class: int = 4000, seed: int = 0, download: bool = False
+    ) -> None:
         if images_per_class < 1:
             raise ConfigError(f"Expected --data.dataset.init_args.images_per_class >= 1, got {images_per_class}.")
         self.root = root
         self.images_per_class = images_per_class
         self.seed = seed
+        self.download = download
 
     def load_train(self) -> LabelledTensors:
         """Reads both EMNIST byclass splits and samples ``images_per_class`` images of every letter a–j."""
         image_parts, label_parts = [], []
         for train in (True, False):
-            data, targets = _read_split(self.root, train)
+            data, targets = _read_split(self.root, train, self.download)
             # keep only a–j at once: byclass holds 814k images, 0.6 GB as uint8
             is_letter = (targets >= _FIRST_LETTER) & (targets < _FIRST_LETTER + _NUM_LETTERS)
             image_parts.append(data[is_letter])  # [n, 28, 28] uint8, transposed
@@ -84,18 +90,18 @@ class FEMNIST(FederatedDataset):
         )
 
 
-def _read_split(root: str, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _read_split(root: str, train: bool, download: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns one byclass split's ``[N, 28, 28]`` uint8 images and ``[N]`` labels, or raises a :class:`ConfigError`."""
-    try:
-        split = EMNIST(root, split="byclass", train=train, download=False)
-    except RuntimeError as error:
-        raw = Path(root) / "EMNIST" / "raw"
-        raise ConfigError(
-            f"EMNIST byclass was not found under --data.dataset.init_args.root={root} ({error}). On a machine "
-            'with network, run python -c "from torchvision.datasets import EMNIST; '
-            f"EMNIST('{root}', split='byclass', download=True)\" and copy the folder here, or put the four "
-            "uncompressed files emnist-byclass-train-images-idx3-ubyte, emnist-byclass-train-labels-idx1-ubyte, "
-            "emnist-byclass-test-images-idx3-ubyte and emnist-byclass-test-labels-idx1-ubyte (from NIST's "
-            f"gzip.zip) into {raw}/."
-        ) from error
+    raw = Path(root) / "EMNIST" / "raw"
+    split = through_torchvision(
+        lambda: EMNIST(root, split="byclass", train=train, download=download),
+        "EMNIST byclass",
+        [EMNIST.url],
+        root,
+        raw,
+        download,
+        missing="put the four uncompressed files emnist-byclass-train-images-idx3-ubyte, "
+        "emnist-byclass-train-labels-idx1-ubyte, emnist-byclass-test-images-idx3-ubyte and "
+        f"emnist-byclass-test-labels-idx1-ubyte (from NIST's gzip.zip) into {raw}/.",
+    )
     return split.data, split.targets

@@ -16,7 +16,7 @@ import torch
 from torchvision.datasets import MNIST as TorchvisionMNIST
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
-from fedlight.errors import ConfigError
+from fedlight.data.datasets.download import through_torchvision
 
 # FedProx adds this to the per-pixel standard deviation (0–255 scale) before dividing.
 _STD_EPS = 0.001
@@ -25,24 +25,26 @@ _STD_EPS = 0.001
 class MNIST(FederatedDataset):
     """MNIST's 70,000 pooled images as ``[N, 1, 28, 28]`` float32, 10 classes, no natural clients.
 
-    Reads the four uncompressed IDX files that ``torchvision.datasets.MNIST(root, download=False)``
-    expects in ``<root>/MNIST/raw/``; nothing is read before :meth:`load_train`.
+    Reads the four uncompressed IDX files that ``torchvision.datasets.MNIST`` keeps in ``<root>/MNIST/raw/``;
+    nothing is read (or downloaded) before :meth:`load_train`.
 
     Args:
         root: Folder holding ``MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte``.
         standardize: Standardise every pixel over the pool as FedProx does; otherwise scale to [0, 1].
+        download: fetch missing files through torchvision (its mirrors, each file's MD5 checked) first.
     """
 
     num_classes = 10
     input_shape = (1, 28, 28)
 
-    def __init__(self, root: str = "data/mnist", standardize: bool = True) -> None:
+    def __init__(self, root: str = "data/mnist", standardize: bool = True, download: bool = False) -> None:
         self.root = root
         self.standardize = standardize
+        self.download = download
 
     def load_train(self) -> LabelledTensors:
         """Loads the training then the test images, in file order, as one pool."""
-        splits = [_read_split(self.root, train) for train in (True, False)]
+        splits = [_read_split(self.root, train, self.download) for train in (True, False)]
         # float64 sums of 0..255 over 70k images are exact, so constant pixels standardise to exactly 0
         images = torch.cat([data for data, _ in splits]).double()  # [70000, 28, 28], 0..255
         targets = torch.cat([labels for _, labels in splits]).long()
@@ -54,16 +56,17 @@ class MNIST(FederatedDataset):
         return LabelledTensors(inputs=images.float().unsqueeze(1), targets=targets)
 
 
-def _read_split(root: str, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _read_split(root: str, train: bool, download: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns one split's ``[N, 28, 28]`` uint8 images and ``[N]`` labels, or raises a :class:`ConfigError`."""
-    try:
-        split = TorchvisionMNIST(root, train=train, download=False)
-    except RuntimeError as error:
-        raw = Path(root) / "MNIST" / "raw"
-        raise ConfigError(
-            f"MNIST was not found under --data.dataset.init_args.root={root} ({error}). On a machine with network, "
-            f"run python -c \"from torchvision.datasets import MNIST; MNIST('{root}', download=True)\" and copy "
-            f"the folder here, or put the four uncompressed files train-images-idx3-ubyte, "
-            f"train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte into {raw}/."
-        ) from error
+    raw = Path(root) / "MNIST" / "raw"
+    split = through_torchvision(
+        lambda: TorchvisionMNIST(root, train=train, download=download),
+        "MNIST",
+        TorchvisionMNIST.mirrors,
+        root,
+        raw,
+        download,
+        missing="put the four uncompressed files train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+        f"t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte into {raw}/.",
+    )
     return split.data, split.targets

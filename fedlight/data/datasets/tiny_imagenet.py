@@ -20,10 +20,13 @@ from pathlib import Path
 import torch
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
+from fedlight.data.datasets.download import fetch_archive
 from fedlight.data.readers.image_files import cached_images
 from fedlight.errors import ConfigError
 
 _URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"
+_FOLDER = "tiny-imagenet-200"  # what the archive unpacks to
 
 
 class TinyImageNet(FederatedDataset):
@@ -32,14 +35,22 @@ class TinyImageNet(FederatedDataset):
     Args:
         root: the ``tiny-imagenet-200`` folder (holding ``wnids.txt``, ``train/`` and ``val/``).
         cache: keep the decoded splits in ``<root>/.fedlight_cache/`` for the next load.
+        download: fetch the archive from Stanford's CS231n site (MD5 checked) and unpack it next to ``root``,
+            which must then end in ``tiny-imagenet-200``, the folder the archive holds.
     """
 
     num_classes = 200
     input_shape = (3, 64, 64)
 
-    def __init__(self, root: str = "data/tiny-imagenet-200", cache: bool = True) -> None:
+    def __init__(self, root: str = "data/tiny-imagenet-200", cache: bool = True, download: bool = False) -> None:
+        if download and Path(root).name != _FOLDER:
+            raise ConfigError(
+                f"--data.dataset.init_args.download=true unpacks {_URL} into a folder named {_FOLDER}, but "
+                f"--data.dataset.init_args.root={root} names another: set root to {Path(root) / _FOLDER}."
+            )
         self.root = root
         self.cache = cache
+        self.download = download
 
     def load_train(self) -> LabelledTensors:
         """The 100,000 training images, class by class in sorted file order."""
@@ -67,10 +78,14 @@ class TinyImageNet(FederatedDataset):
         root = Path(self.root)
         needed = [root / "wnids.txt", root / "train", root / "val" / "val_annotations.txt"]
         missing = [str(p) for p in needed if not p.exists()]
+        if missing and self.download:
+            fetch_archive("TinyImageNet", _URL, _MD5, root.parent, done=lambda: all(p.exists() for p in needed))
+            missing = [str(p) for p in needed if not p.exists()]
         if missing:
             raise ConfigError(
                 f"TinyImageNet was not found under --data.dataset.init_args.root={self.root}: missing "
-                f"{', '.join(missing)}. Download {_URL} and unzip it, then point root at its tiny-imagenet-200/ folder."
+                f"{', '.join(missing)}. Download {_URL} and unzip it, then point root at its {_FOLDER}/ folder (or set "
+                "--data.dataset.init_args.download=true)."
             )
         classes = sorted((root / "wnids.txt").read_text().split())
         if len(classes) != self.num_classes:

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from fedlight.data.base import FederatedDataset, LabelledTensors, LazySamples
+from fedlight.data.datasets.voc_download import VOC_URL, build_train_aug, check_download_root, fetch_voc
 from fedlight.data.labels import IGNORE_INDEX, VOC_CLASSES, LabelSet, class_names, macro_lookup
 from fedlight.errors import ConfigError
 
@@ -63,6 +64,9 @@ class PascalVOC(FederatedDataset):
         canvas_size: side S of the square canvas images are placed on; VOC images are at most 500 pixels,
             larger ones are shrunk to fit. Must be divisible by the model's output stride.
         num_workers: threads decoding a batch.
+        download: fetch what is missing: VOC 2012 trainval (2 GB, unpacked next to ``root``, which must then be
+            named ``VOCdevkit``) and, for ``train_aug``, SBD (1.4 GB), from which the split's masks and list are
+            written (:mod:`fedlight.data.datasets.voc_download`).
     """
 
     def __init__(
@@ -74,7 +78,10 @@ class PascalVOC(FederatedDataset):
         test_split: Literal["val"] | None = None,
         canvas_size: int = 512,
         num_workers: int = 4,
+        download: bool = False,
     ) -> None:
+        if download:
+            check_download_root(root)
         problems = []
         if canvas_size < 16:
             problems.append(f"Expected --data.dataset.init_args.canvas_size ≥ 16, got {canvas_size}.")
@@ -89,6 +96,7 @@ class PascalVOC(FederatedDataset):
         self.test_split = test_split
         self.canvas_size = canvas_size
         self.num_workers = num_workers
+        self.download = download
         self.num_classes = 5 if label_set == "macro" else 21
         self.class_names = class_names(label_set)
         self.input_shape = (3, canvas_size, canvas_size)
@@ -125,7 +133,14 @@ class PascalVOC(FederatedDataset):
     def _read_ids(self, split: str) -> list[str]:
         listing = self._voc / "ImageSets" / "Segmentation" / f"{split}.txt"
         mask_dir = self._voc / _MASK_DIRS[split]
-        missing = [str(p) for p in (listing, self._voc / "JPEGImages", mask_dir) if not p.exists()]
+        needed = (listing, self._voc / "JPEGImages", mask_dir)
+        missing = [str(p) for p in needed if not p.exists()]
+        if missing and self.download:
+            if not (self._voc / "JPEGImages").is_dir():
+                fetch_voc(self.root)
+            if split == "train_aug" and not listing.is_file():
+                build_train_aug(self.root)
+            missing = [str(p) for p in needed if not p.exists()]
         if missing:
             hint = (
                 "For train_aug also add SBD's masks as VOC2012/SegmentationClassAug/ and their list as "
@@ -137,8 +152,8 @@ class PascalVOC(FederatedDataset):
             raise ConfigError(
                 f"Pascal VOC 2012 is incomplete under --data.dataset.init_args.root={self.root}: missing "
                 f"{', '.join(missing)}.",
-                "Download VOCtrainval_11-May-2012.tar from http://host.robots.ox.ac.uk/pascal/VOC/voc2012/ and extract "
-                f"it so that {self._voc} exists. {hint}".rstrip(),
+                f"Download {VOC_URL} and extract it so that {self._voc} exists (or set "
+                f"--data.dataset.init_args.download=true). {hint}".rstrip(),
             )
         return [line.split()[0] for line in listing.read_text().splitlines() if line.strip()]
 

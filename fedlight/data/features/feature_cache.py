@@ -11,9 +11,18 @@ Layout on disk, one folder per fingerprint of (backbone weights, image size, cli
 
     <directory>/<fingerprint>/client<k>.npy   [n_k, C, h, w] features of client k's training images (fp16)
     <directory>/<fingerprint>/knn<k>.npy      [n_k, 30] neighbours as pool indices, self first
-    <directory>/<fingerprint>/complete        written last; a folder without it is rebuilt
+    <directory>/<fingerprint>/complete        written last: every file's size and BLAKE2b digests (JSON)
 
-Feature files are memory-mapped, so the resident memory is what the operating system pages in. A
+A folder is trusted only as far as it can be checked. Each file is written under a temporary name and renamed
+into place, and ``complete`` is written once every process has written its files, so a build stopped by a
+kill or a full disk leaves no folder that a later run reads. Before a completed folder is reused, every file's
+size and digest are compared with those recorded, every neighbour list must list its client's own images,
+itself first, and every feature file must have its client's shape (:func:`reuse_problems`); a folder that
+fails is rebuilt, with a warning naming the files. The free space is checked against the files' size before
+anything is written, and the features are written with plain writes, so that a disk that fills up anyway is an
+error that says so (ENOSPC) rather than a SIGBUS of a memory map.
+
+Feature files are read through memory maps, so the resident memory is what the operating system pages in. A
 ``max_bytes`` budget bounds the disk: clients are cached in order while their features fit, and the
 features of the others are computed from their images when asked for (their neighbour lists, a few
 kilobytes, are always kept). With several processes each computes its share of the clients, and all
@@ -26,18 +35,30 @@ batches carry as their third element (``--data.return_index=true``).
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import math
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from fedlight.data.cache_files import DigestMode, file_digest, free_space_error, is_disk_full, no_space_error
 from fedlight.data.features.knn import knn_indices, sample_neighbours
+from fedlight.errors import ConfigError
 
-__all__ = ["FeatureCache", "fingerprint"]
+__all__ = ["MANIFEST", "FeatureCache", "fingerprint", "reuse_problems"]
+
+log = logging.getLogger(__name__)
+
+#: The file that marks a folder complete, written last: every other file's size and digests (JSON).
+MANIFEST = "complete"
+_FLAG = "--trainer.callbacks (fedlight.callbacks.BackboneFeatureCache) init_args"
 
 
 class FeatureCache:
@@ -117,8 +138,9 @@ class FeatureCache:
         rank: int = 0,
         world_size: int = 1,
         barrier: Callable[[], None] = lambda: None,
+        verify: DigestMode = "sampled",
     ) -> FeatureCache:
-        """Computes (or reuses) every client's features and neighbour lists.
+        """Computes (or reuses, once its files are checked) every client's features and neighbour lists.
 
         Args:
             backbone: the frozen feature extractor, images ``[B, 3, H, W]`` → ``[B, C, h, w]``; run in eval mode.
@@ -134,37 +156,43 @@ class FeatureCache:
             rank: this process; process r builds clients r, r + world_size, …
             world_size: number of processes.
             barrier: waits for every process (so that all files exist before any is read).
+            verify: how a completed folder's files are checked before reuse: ``sampled`` or ``full`` digests
+                (:mod:`fedlight.data.cache_files`).
+
+        Raises:
+            ConfigError: when the folder cannot be created, when its disk has less free space than the files
+                need (before anything is written), or when the disk fills up while writing (the partial files
+                are removed and the folder is not marked complete).
         """
         backbone = backbone.eval()
         first = images(client_indices[0][:1]).to(device)
-        c, h, w = backbone(first).shape[1:]
-        per_image = c * h * w * np.dtype(dtype).itemsize
+        shape = tuple(backbone(first).shape[1:])  # (C, h, w)
+        per_image = math.prod(shape) * np.dtype(dtype).itemsize
         sizes = [len(ix) for ix in client_indices]
         cached = (np.cumsum(np.array(sizes) * per_image) <= max_bytes).tolist()
         folder = Path(directory) / fingerprint(backbone, first.shape[1:], client_indices, dtype)
-        if not (folder / "complete").exists():
-            folder.mkdir(parents=True, exist_ok=True)
+        marked = (folder / MANIFEST).exists()
+        problems = reuse_problems(folder, client_indices, shape, dtype, k, verify) if marked else []
+        if problems and rank == 0:
+            log.warning("The feature cache %s is rebuilt: %s.", folder, "; ".join(problems))
+        if problems or not marked:
+            barrier()  # every process has looked at the old files before any is replaced
+            files = _plan_files(sizes, cached, per_image, k)
+            _prepare_folder(folder, files, rank)
             for client in range(rank, len(client_indices), world_size):
-                indices = client_indices[client].cpu()
-                store = None
-                if cached[client]:
-                    store = np.lib.format.open_memmap(
-                        folder / f"client{client}.npy", mode="w+", dtype=dtype, shape=(len(indices), c, h, w)
-                    )
-                pooled = torch.empty(len(indices), c)
-                for start in range(0, len(indices), batch_size):
-                    feats = backbone(images(indices[start : start + batch_size]).to(device)).float().cpu()
-                    pooled[start : start + len(feats)] = feats.mean(dim=(2, 3))  # [b, C]
-                    if store is not None:
-                        store[start : start + len(feats)] = feats.numpy().astype(dtype)
-                if store is not None:
-                    store.flush()
-                local = knn_indices(pooled, k=min(k, len(indices)))  # [n_k, k'] rows within the client
-                np.save(folder / f"knn{client}.npy", indices[local].numpy())
+                try:
+                    _write_client(folder, client, client_indices[client].cpu(), shape, dtype, cached[client],
+                                  backbone, images, k, batch_size, device)  # fmt: skip
+                except OSError as err:
+                    if is_disk_full(err):
+                        raise no_space_error("the feature cache", folder, sum(files.values())) from None
+                    raise
             barrier()
             if rank == 0:
-                (folder / "complete").touch()
+                written = [name for name in files if (folder / name).is_file()]
+                _write_manifest(folder, written, sum(files.values()), verify)
         barrier()
+        listed = json.loads((folder / MANIFEST).read_text())["files"]
         owner = torch.full((pool_size,), -1, dtype=torch.int64)
         row = torch.zeros(pool_size, dtype=torch.int64)
         knn = torch.full((pool_size, min(k, min(sizes))), -1, dtype=torch.int64)
@@ -174,13 +202,163 @@ class FeatureCache:
             owner[indices] = client
             row[indices] = torch.arange(len(indices))
             knn[indices] = torch.from_numpy(np.load(folder / f"knn{client}.npy"))[:, : knn.shape[1]]
-            path = folder / f"client{client}.npy"
-            stores.append(np.load(path, mmap_mode="r") if cached[client] and path.exists() else None)
+            name = f"client{client}.npy"
+            stores.append(np.load(folder / name, mmap_mode="r") if cached[client] and name in listed else None)
 
         def compute(index: Tensor) -> Tensor:
             return backbone(images(index).to(device))
 
         return cls(owner, row, knn, stores, compute)
+
+
+def reuse_problems(
+    folder: Path,
+    client_indices: Sequence[Tensor],
+    shape: tuple[int, ...],
+    dtype: str,
+    k: int = 30,
+    verify: DigestMode = "sampled",
+) -> list[str]:
+    """Why the completed folder's files cannot be trusted, each naming its file; empty when they can.
+
+    Every file the manifest lists must have the size and digest recorded when the cache was completed; on top,
+    every client's neighbour lists must start with its own images, name only them and be ``k`` long (or the
+    client's size), and every feature file must hold ``[n_k, *shape]`` values of ``dtype``.
+    """
+    manifest = folder / MANIFEST
+    try:
+        files = json.loads(manifest.read_text())["files"]
+        records = {name: (int(r["bytes"]), str(r[verify])) for name, r in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return [f"{manifest} records no sizes and digests (a damaged file, or a cache written before they were)"]
+    problems = [f"{manifest} lists no knn{c}.npy" for c in range(len(client_indices)) if f"knn{c}.npy" not in files]
+    for name, (size, digest) in records.items():
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{path} is missing")
+        elif path.stat().st_size != size:
+            problems.append(f"{path} holds {path.stat().st_size} bytes, {size} when it was written")
+        elif file_digest(path, verify) != digest:
+            problems.append(f"{path} changed since it was written (its {verify} BLAKE2b digest differs)")
+    if problems:
+        return problems
+    for client, indices in enumerate(client_indices):  # what digests cannot vouch for: the files' meaning
+        indices = indices.cpu().numpy()
+        lists = np.load(folder / f"knn{client}.npy")
+        if lists.ndim != 2 or len(lists) != len(indices) or not np.array_equal(lists[:, 0], indices):
+            problems.append(f"{folder / f'knn{client}.npy'} does not list client {client}'s images, each first")
+        elif not np.isin(lists, indices).all():
+            problems.append(f"{folder / f'knn{client}.npy'} names images outside client {client}'s training split")
+        elif lists.shape[1] < min(k, len(indices)):
+            problems.append(f"{folder / f'knn{client}.npy'} lists {lists.shape[1]} neighbours, {k} are asked for")
+        if f"client{client}.npy" in files:
+            store = np.load(folder / f"client{client}.npy", mmap_mode="r")
+            if store.shape != (len(indices), *shape) or store.dtype != np.dtype(dtype):
+                problems.append(
+                    f"{folder / f'client{client}.npy'} holds {store.dtype} {list(store.shape)}, not {dtype} "
+                    f"{[len(indices), *shape]}"
+                )
+    return problems
+
+
+def _plan_files(sizes: Sequence[int], cached: Sequence[bool], per_image: int, k: int) -> dict[str, int]:
+    """The files a build writes and their sizes in bytes (an ``.npy`` header is at most 128 bytes here)."""
+    files = {f"client{c}.npy": 128 + n * per_image for c, n in enumerate(sizes) if cached[c]}
+    files |= {f"knn{c}.npy": 128 + n * min(k, n) * 8 for c, n in enumerate(sizes)}
+    return files
+
+
+def _prepare_folder(folder: Path, files: dict[str, int], rank: int) -> None:
+    """Creates ``folder``, unmarks it (rank 0) and checks that its disk can take ``files``: every file is written
+    beside the one it replaces, so the disk needs what is not there yet plus the largest file."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if rank == 0:
+            (folder / MANIFEST).unlink(missing_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"Cannot create the feature cache {folder} ({err.strerror}). Pass a writable folder on a disk with free "
+            f"space as {_FLAG}.directory."
+        ) from None
+    present = sum((folder / name).stat().st_size for name in files if (folder / name).is_file())
+    needed = max(0, sum(files.values()) - present) + max(files.values())
+    advice = (
+        f"or lower {_FLAG}.max_gib (clients past it are computed per batch), or pass a folder on another disk as "
+        f"{_FLAG}.directory"
+    )
+    error = free_space_error(folder, needed, "the feature cache", advice)
+    if error is not None:
+        raise error
+
+
+def _write_client(
+    folder: Path,
+    client: int,
+    indices: Tensor,
+    shape: tuple[int, ...],
+    dtype: str,
+    cached: bool,
+    backbone: nn.Module,
+    images: Callable[[Tensor], Tensor],
+    k: int,
+    batch_size: int,
+    device: torch.device | str,
+) -> None:
+    """Writes ``client<k>.npy`` (when ``cached``) and ``knn<k>.npy``, each through a temporary file.
+
+    The features are written with plain writes, not through a memory map: a full disk is then an ``OSError``
+    (ENOSPC) rather than a SIGBUS that kills the process.
+    """
+    pooled = torch.empty(len(indices), shape[0])
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+              "shape": (len(indices), *shape)}  # fmt: skip
+    with _replacing(folder / f"client{client}.npy") if cached else nullcontext() as file:
+        if file is not None:
+            np.lib.format.write_array_header_1_0(file, header)
+        for start in range(0, len(indices), batch_size):
+            feats = backbone(images(indices[start : start + batch_size]).to(device)).float().cpu()
+            pooled[start : start + len(feats)] = feats.mean(dim=(2, 3))  # [b, C]
+            if file is not None:
+                file.write(feats.numpy().astype(dtype).tobytes())
+    local = knn_indices(pooled, k=min(k, len(indices)))  # [n_k, k'] rows within the client
+    with _replacing(folder / f"knn{client}.npy") as file:
+        np.save(file, indices[local].numpy())
+
+
+def _write_manifest(folder: Path, names: Sequence[str], nbytes: int, verify: DigestMode) -> None:
+    """Marks the folder complete: ``complete`` lists every file with its size and digests, and is written last.
+
+    The sampled digest is always recorded; the full one, which reads every byte (about 4.5 s per GiB on a busy
+    2-core machine), only when ``verify`` asks for it, so a folder built with ``sampled`` is rebuilt once for a
+    run that asks for ``full``.
+    """
+    modes = ("sampled", "full") if verify == "full" else ("sampled",)
+    files = {
+        name: {"bytes": (folder / name).stat().st_size} | {mode: file_digest(folder / name, mode) for mode in modes}
+        for name in names
+    }
+    try:
+        with _replacing(folder / MANIFEST) as file:
+            file.write(json.dumps({"files": files}, indent=1).encode())
+    except OSError as err:
+        if is_disk_full(err):
+            raise no_space_error("the feature cache", folder, nbytes) from None
+        raise
+
+
+@contextmanager
+def _replacing(path: Path) -> Iterator[BinaryIO]:
+    """A file opened for writing under a temporary name, renamed to ``path`` once written and synced; removed
+    if the writing fails, so that ``path`` is either the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def fingerprint(backbone: nn.Module, image_shape: Sequence[int], client_indices: Sequence[Tensor], dtype: str) -> str:

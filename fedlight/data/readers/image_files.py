@@ -2,19 +2,23 @@
 
 CINIC-10 (270,000 PNGs) and TinyImageNet (120,000 JPEGs) ship as files. Decoding them takes minutes, so
 the first load writes the decoded split as ``<root>/.fedlight_cache/<split>.pt`` (uint8, e.g. 276 MB for
-CINIC-10's training split) and later loads read that file. The cache records the file list, so a
-changed folder is decoded again.
+CINIC-10's training split) and later loads read that file. The cache records the file list and the images'
+BLAKE2b digest, so a changed folder, or a cache damaged on disk, is decoded again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
+
+from fedlight.data.cache_files import tensor_digest
 
 log = logging.getLogger(__name__)
 
@@ -36,19 +40,54 @@ def decode_images(paths: Sequence[Path], size: tuple[int, int]) -> torch.Tensor:
 
 
 def cached_images(root: Path, split: str, paths: Sequence[Path], size: tuple[int, int], cache: bool) -> torch.Tensor:
-    """:func:`decode_images` of ``paths``, read from or written to ``<root>/.fedlight_cache/<split>.pt``."""
+    """:func:`decode_images` of ``paths``, read from or written to ``<root>/.fedlight_cache/<split>.pt``.
+
+    The cache holds the file list and the images' digest; a cache that cannot be read, lists other files or
+    whose images no longer match their digest is decoded again (with a warning naming it). A folder the cache
+    cannot be written to (read-only, full) only costs the decoding next time.
+    """
     names = [str(Path(p).relative_to(root)) for p in paths]
     file = root / ".fedlight_cache" / f"{split}.pt"
     if cache and file.exists():
-        stored = torch.load(file, weights_only=True)
-        if stored["names"] == names:
-            return stored["images"]
-        log.info("%s lists other files than %s: decoding again", file, root)
+        images, problem = read_cached_images(file, "names", names, (3, *size))
+        if images is not None:
+            return images
+        log.warning("%s %s: decoding again", file, problem)
     log.info("decoding %d images of %s/%s (cached afterwards)", len(paths), root, split)
     images = decode_images(paths, size)
     if cache:
-        file.parent.mkdir(exist_ok=True)
-        temporary = file.with_suffix(".tmp")
-        torch.save({"names": names, "images": images}, temporary)
-        temporary.replace(file)  # atomic: an interrupted write leaves no half cache
+        write_cached_images(file, {"names": names, "images": images})
     return images
+
+
+def read_cached_images(
+    file: Path, key: str, names: list[str], shape: tuple[int, ...]
+) -> tuple[torch.Tensor | None, str]:
+    """The uint8 ``[N, *shape]`` images of a decoded-image cache whose ``key`` lists ``names`` and whose images
+    match their recorded digest, or ``(None, why not)``."""
+    try:
+        stored = torch.load(file, weights_only=True)
+        images, listed, digest = stored["images"], stored[key], stored["digest"]
+    except Exception as err:  # truncated, not a torch file, a cache from before digests were recorded
+        return None, f"cannot be read or records no digest ({type(err).__name__}: {err})"
+    if listed != names:
+        return None, "lists other files"
+    if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.shape != (len(names), *shape):
+        return None, f"holds images of another shape than [{len(names)}, {', '.join(map(str, shape))}] uint8"
+    if tensor_digest(images) != digest:
+        return None, "holds images that changed since they were written (their digest differs)"
+    return images, ""
+
+
+def write_cached_images(file: Path, contents: dict) -> None:
+    """Writes a decoded-image cache with its images' digest through a temporary file (an interrupted write
+    leaves no half cache); a folder that cannot take it is a warning, and the images are decoded next time."""
+    tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+    try:
+        file.parent.mkdir(exist_ok=True)
+        torch.save({**contents, "digest": tensor_digest(contents["images"])}, tmp)
+        os.replace(tmp, file)
+    except OSError as err:
+        with contextlib.suppress(OSError):  # nothing to remove where the folder could not be made
+            tmp.unlink(missing_ok=True)
+        log.warning("could not cache the decoded images at %s (%s); they will be decoded again next time", file, err)

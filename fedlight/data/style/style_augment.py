@@ -20,6 +20,7 @@ applied in that fixed order (torchvision permutes the order per image).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from fedlight.data.transforms import BatchTransform
 from fedlight.errors import ConfigError
 
 _LUMA = (0.299, 0.587, 0.114)  # ITU-R BT.601, torchvision's grayscale weights
+_FLAG = "--data.train_transform.init_args"
 
 
 def style_pool(
@@ -96,7 +98,7 @@ class StyleAugment(BatchTransform):
         std: tuple[float, float, float] = (0.5, 0.5, 0.5),
         geometry: BatchTransform | None = None,
     ) -> None:
-        flag = "--data.train_transform.init_args"
+        flag = _FLAG
         problems = []
         if any(not 0 <= j < 1 for j in color_jitter):
             problems.append(f"Expected every {flag}.color_jitter in [0, 1), got {list(color_jitter)}.")
@@ -116,33 +118,76 @@ class StyleAugment(BatchTransform):
 
     @property
     def styles(self) -> Tensor:
-        """``[K, D]`` the pool, read (or computed and written) on first use."""
+        """``[K, D]`` the pool, read (or computed and written) and checked by :meth:`setup`."""
         if self._styles is None:
-            self._styles = self._load()
+            self.setup()
         return self._styles
 
-    def _load(self) -> Tensor:
-        if not self.style_file.is_file():
-            if self.target is None:
-                raise ConfigError(
-                    f"Style pool {self.style_file} not found (--data.train_transform.init_args.style_file). Give the "
-                    "target clients' dataset as --data.train_transform.init_args.target to compute and write it."
-                )
-            styles, ids = style_pool(self.target, self.b, self.size, tuple(self.mean.flatten().tolist()),
-                                     tuple(self.std.flatten().tolist()))  # fmt: skip
-            self.style_file.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"styles": styles, "client_ids": ids, "b": self.b, "size": list(self.size)}, self.style_file)
-        saved: dict[str, Any] = torch.load(self.style_file, map_location="cpu", weights_only=True)
-        styles = saved["styles"]
+    def setup(self) -> None:
+        """Reads the pool (computing and writing it first if it is missing) and checks it, once, when the data
+        are set up: a damaged file is one error naming it before the run starts, not a failure in every fit."""
+        if self.style_file is not None and self._styles is None:
+            if not self.style_file.is_file():
+                self._write_pool()
+            self._styles = self._read_pool()
+
+    def _write_pool(self) -> None:
+        if self.target is None:
+            raise ConfigError(
+                f"Style pool {self.style_file} not found ({_FLAG}.style_file). Give the target clients' dataset as "
+                f"{_FLAG}.target to compute and write it."
+            )
+        styles, ids = style_pool(self.target, self.b, self.size, tuple(self.mean.flatten().tolist()),
+                                 tuple(self.std.flatten().tolist()))  # fmt: skip
+        self.style_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.style_file.with_name(f".{self.style_file.name}.{os.getpid()}.tmp")
+        torch.save({"styles": styles, "client_ids": ids, "b": self.b, "size": list(self.size)}, tmp)
+        os.replace(tmp, self.style_file)  # a run killed while writing leaves no half pool
+
+    def _read_pool(self) -> Tensor:
+        """The pool of ``style_file`` after checking its keys, shape, values and client ids."""
+        where = f"Style pool {self.style_file} ({_FLAG}.style_file)"
+        fix = f"Delete the file to recompute it from {_FLAG}.target, or restore it."
+        try:
+            saved: Any = torch.load(self.style_file, map_location="cpu", weights_only=True)
+        except Exception as err:  # truncated, not a torch file, unpickling refused: all mean a damaged file
+            raise ConfigError(f"{where} cannot be read ({type(err).__name__}: {err}). {fix}") from None
+        if not isinstance(saved, dict) or not isinstance(saved.get("styles"), Tensor):
+            raise ConfigError(f"{where} holds no 'styles' tensor. {fix}")
+        styles, ids = saved["styles"], saved.get("client_ids")
         side = 2 * self.b + 1
-        if styles.ndim != 2 or styles.shape[1] != 3 * side * side or list(saved.get("size", self.size)) != list(
-            self.size
+        if (
+            styles.ndim != 2
+            or styles.shape[1] != 3 * side * side
+            or list(saved.get("size", self.size)) != list(self.size)
         ):
             raise ConfigError(
-                f"Style pool {self.style_file} holds styles of shape {tuple(styles.shape)} taken at size "
-                f"{saved.get('size')}, but b={self.b} and size={list(self.size)} need [K, {3 * side * side}] at that "
-                "size. Delete the file to recompute it, or match the options it was written with."
+                f"{where} holds styles of shape {tuple(styles.shape)} taken at size {saved.get('size')}, but "
+                f"b={self.b} and size={list(self.size)} need [K, {3 * side * side}] at that size. Delete the file to "
+                "recompute it, or match the options it was written with."
             )
+        problems = []
+        if len(styles) == 0:
+            problems.append(f"{where} holds no style.")
+        if not styles.is_floating_point():
+            problems.append(f"{where} holds {styles.dtype} styles, not floating-point amplitudes.")
+        else:
+            bad = ~(torch.isfinite(styles) & (styles >= 0)).all(dim=1)  # amplitudes are finite and ≥ 0
+            if bad.any():
+                named = [
+                    ids[i] if isinstance(ids, list) and i < len(ids) else i for i in bad.nonzero().flatten().tolist()
+                ]
+                problems.append(
+                    f"{where} holds non-finite or negative amplitudes in {int(bad.sum())} of {len(styles)} styles "
+                    f"(clients {named[:5]})."
+                )
+        if not isinstance(ids, list) or len(ids) != len(styles) or len(set(map(str, ids))) != len(ids):
+            problems.append(
+                f"{where} needs one distinct client id per style in 'client_ids': {len(styles)} styles, "
+                f"{len(ids) if isinstance(ids, list) else 'no list of'} ids."
+            )
+        if problems:
+            raise ConfigError(*problems, fix)
         return styles
 
     def __call__(self, x: Tensor, y: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:

@@ -1,8 +1,13 @@
+import shutil
+import zipfile
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torchvision.datasets import CelebA as TorchvisionCelebA
 
+import fedlight.data.datasets.celeba as celeba_module
 from fedlight.data import CelebA
 from fedlight.data.partition import Natural
 from fedlight.errors import ConfigError
@@ -91,7 +96,7 @@ def test_missing_celeba_names_the_flag_the_files_and_where_to_get_them(tmp_path)
     message = str(error.value)
     assert f"--data.dataset.init_args.root={tmp_path}" in message and str(tmp_path / "celeba") in message
     assert "identity_CelebA.txt, list_attr_celeba.txt, img_align_celeba" in message
-    assert "img_align_celeba.zip" in message and "download=True" in message
+    assert "img_align_celeba.zip" in message and "download=true" in message
 
     fake_celeba(tmp_path)
     (tmp_path / "celeba" / "img_align_celeba" / "000004.png").unlink()
@@ -103,3 +108,32 @@ def test_celeba_rejects_bad_settings_together() -> None:
     with pytest.raises(ConfigError) as error:
         CelebA(image_size=0, min_images=0, max_users=0)
     assert len(error.value.problems) == 3 and "--data.dataset.init_args.max_users" in str(error.value)
+
+
+def test_celeba_download_fetches_the_three_files_by_torchvisions_ids_and_unzips_the_images(tmp_path, monkeypatch):
+    drive = tmp_path / "drive"
+    fake_celeba(drive)
+    folder = drive / "celeba"
+    with zipfile.ZipFile(drive / "img_align_celeba.zip", "w") as archive:
+        for name, _, _ in ROWS:
+            archive.write(folder / "img_align_celeba" / name, f"img_align_celeba/{name}")
+    by_name = {
+        name: drive / "img_align_celeba.zip" if name.endswith(".zip") else folder / name
+        for name in ("img_align_celeba.zip", "identity_CelebA.txt", "list_attr_celeba.txt")
+    }
+    ids = {file_id: name for file_id, _, name in TorchvisionCelebA.file_list}
+    fetched = []
+
+    def google_drive(file_id, root, filename, md5):  # stands in for the Drive download: same arguments
+        assert ids[file_id] == filename and len(md5) == 32
+        fetched.append(filename)
+        shutil.copy(by_name[filename], root / filename)
+
+    monkeypatch.setattr(celeba_module, "download_file_from_google_drive", google_drive)
+    monkeypatch.setattr(celeba_module, "_gdown_installed", lambda: True)
+    pool = CelebA(root=str(tmp_path / "data"), image_size=6, download=True).load_train()
+    assert sorted(fetched) == sorted(by_name) and len(pool) == len(KEPT)
+
+    monkeypatch.setattr(celeba_module, "_gdown_installed", lambda: False)
+    with pytest.raises(ConfigError, match=r"gdown, which is not installed: pip install -e \"\.\[celeba\]\""):
+        CelebA(root=str(tmp_path / "empty"), download=True).load_train()

@@ -58,7 +58,7 @@ def test_cifar100_reads_the_fine_labels(tmp_path, no_checksums):
 
 
 def test_missing_cifar_names_the_flag_and_the_download(tmp_path):
-    with pytest.raises(ConfigError, match=r"--data.dataset.init_args.root=.*download=True.*cifar-10-python.tar.gz"):
+    with pytest.raises(ConfigError, match=r"(?s)--data.dataset.init_args.root=.*download=true.*cifar-10-python.tar.gz"):
         CIFAR10(root=str(tmp_path)).load_train()
 
 

@@ -1,3 +1,6 @@
+import json
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -42,6 +45,32 @@ def test_dominant_labels_are_the_most_frequent_coarse_class(root):
     assert (root / "fedlight_dominant_labels_train2017.json").is_file()
     target = pool.targets[torch.tensor([0])][0]  # 16×24 resized to 16×24, centre 16×16: columns 4–20
     assert target[:, :10].eq(9).all() and target[:, 10:].eq(11).all()
+
+
+def swap_a_label(text):
+    stored = json.loads(text)
+    first = next(iter(stored["labels"]))
+    stored["labels"][first] = (stored["labels"][first] + 1) % 27  # still a coarse class, no longer the right one
+    return json.dumps(stored)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda text: text[: len(text) // 2],  # truncated
+        swap_a_label,
+        lambda text: json.dumps(json.loads(text)["labels"]),  # the plain mapping of a cache without a digest
+    ],
+    ids=["truncated", "swapped", "no digest"],
+)
+def test_a_damaged_dominant_label_cache_is_computed_again(root, caplog, damage):
+    CocoStuff27(str(root), image_size=16).load_train()
+    cache = root / "fedlight_dominant_labels_train2017.json"
+    cache.write_text(damage(cache.read_text()))
+    with caplog.at_level(logging.WARNING):
+        pool = CocoStuff27(str(root), image_size=16).load_train()
+    assert pool.labels.tolist() == [FINE_TO_COARSE[FINE[n % 5]] for n in range(20)]
+    assert str(cache) in caplog.text
 
 
 def test_fuss_client_lists_become_natural_clients(root, tmp_path):

@@ -74,7 +74,8 @@ def test_missing_emnist_names_the_flag_and_what_to_download(tmp_path) -> None:
     with pytest.raises(ConfigError) as error:
         dataset.load_train()
     message = str(error.value)
-    assert f"--data.dataset.init_args.root={tmp_path}" in message and "split='byclass', download=True" in message
+    assert f"--data.dataset.init_args.root={tmp_path}" in message and "download=true" in message
+    assert "https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip" in message
     assert "emnist-byclass-train-images-idx3-ubyte" in message and str(tmp_path / "EMNIST" / "raw") in message
     with pytest.raises(ConfigError, match="images_per_class >= 1"):
         FEMNIST(images_per_class=0)

@@ -63,5 +63,5 @@ def test_missing_mnist_names_the_flag_and_what_to_download(tmp_path) -> None:
         dataset.load_train()
     message = str(error.value)
     assert f"--data.dataset.init_args.root={tmp_path / 'nowhere'}" in message
-    assert "download=True" in message and "train-images-idx3-ubyte" in message
+    assert "download=true" in message and "train-images-idx3-ubyte" in message
     assert str(tmp_path / "nowhere" / "MNIST" / "raw") in message

@@ -4,10 +4,15 @@ import numpy as np
 import pytest
 import torch
 
+from fedlight.data import FederatedDataModule
+from fedlight.data.partition import Natural
 from fedlight.data.style.fda import apply_style, client_style
 from fedlight.data.style.style_augment import StyleAugment, style_pool
 from fedlight.data.twins.style_cities import StyleCities
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
+from fedlight.strategies import FedAvg
+from fedlight.testing import ScalarClient
 
 SIZE = 16
 TARGET = dict(num_clients_per_city=1, client_size=(3, 4), num_test_per_city=0, image_size=SIZE)
@@ -70,3 +75,73 @@ def test_the_training_size_is_the_geometrys_crop():
     x, y = torch.rand(2, 3, SIZE, SIZE) * 2 - 1, torch.randint(3, (2, SIZE, SIZE))
     assert cropped.output_size((SIZE, SIZE)) == (4, 6) == tuple(cropped(x, y, torch.Generator())[0].shape[-2:])
     assert StyleAugment(None).output_size((SIZE, SIZE)) == (SIZE, SIZE)
+
+
+# -- the pool file is checked when the data are set up ---------------------------------------------------
+
+
+def write_pool(path, **changes):
+    pool = {"styles": torch.rand(4, 27, dtype=torch.float64) * 100, "client_ids": ["a", "b", "c", "d"], "b": 1}
+    torch.save({**pool, "size": [SIZE, SIZE], **changes}, path)
+
+
+def nan_style(path):
+    styles = torch.rand(4, 27, dtype=torch.float64)
+    styles[2, 5] = float("nan")
+    write_pool(path, styles=styles)
+
+
+def negative_style(path):
+    write_pool(path, styles=-torch.rand(4, 27, dtype=torch.float64))
+
+
+def truncated(path):
+    write_pool(path)
+    path.write_bytes(path.read_bytes()[:200])
+
+
+DAMAGES = {
+    "truncated": (truncated, "cannot be read"),
+    "text": (lambda path: path.write_text("not a pool\n"), "cannot be read"),
+    "no styles": (lambda path: torch.save({"client_ids": ["a"]}, path), "holds no 'styles' tensor"),
+    "nan": (nan_style, "non-finite or negative amplitudes in 1 of 4 styles (clients ['c'])"),
+    "negative": (negative_style, "non-finite or negative amplitudes in 4 of 4 styles"),
+    "too few ids": (lambda path: write_pool(path, client_ids=["a", "b"]), "4 styles, 2 ids"),
+    "repeated ids": (lambda path: write_pool(path, client_ids=["a", "b", "a", "d"]), "one distinct client id"),
+    "no ids": (lambda path: write_pool(path, client_ids=None), "4 styles, no list of ids"),
+}
+
+
+def source_data(style_file):
+    source = StyleCities(domain="source", num_source_samples=8, num_test_per_city=0, image_size=SIZE)
+    augment = StyleAugment(str(style_file), size=(SIZE, SIZE))
+    return FederatedDataModule(source, Natural(), batch_size=4, test_fraction=0.0, train_transform=augment), augment
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_pool_is_one_error_at_set_up_naming_the_flag(tmp_path, damage):
+    path = tmp_path / "styles.pt"
+    write, expected = DAMAGES[damage]
+    write(path)
+    data, _ = source_data(path)
+    with pytest.raises(ConfigError) as error:
+        data.setup()
+    message = str(error.value)
+    assert f"Style pool {path} (--data.train_transform.init_args.style_file)" in message
+    assert expected in message and "Delete the file" in message
+
+
+def test_a_damaged_pool_stops_a_run_before_its_folder_exists(tmp_path):
+    nan_style(tmp_path / "styles.pt")
+    data, _ = source_data(tmp_path / "styles.pt")
+    trainer = FederatedTrainer(rounds=1, logger=None, enable_progress_bar=False, default_root_dir=tmp_path / "runs")
+    with pytest.raises(ConfigError, match="non-finite"):
+        trainer.fit(ScalarClient(), data, FedAvg())
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_intact_pool_is_read_at_set_up_not_in_the_first_fit(tmp_path):
+    write_pool(tmp_path / "styles.pt")
+    data, augment = source_data(tmp_path / "styles.pt")
+    data.setup()
+    assert augment._styles is not None and augment.styles.shape == (4, 27)
