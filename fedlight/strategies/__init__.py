@@ -17,6 +17,7 @@ from fedlight.strategies.fedcc_prox import FedCCProx
 from fedlight.strategies.feddecorr import FedDecorr
 from fedlight.strategies.feddyn import FedDyn
 from fedlight.strategies.fednova import FedNova
+from fedlight.strategies.fedopt import FedAdagrad, FedAdam, FedOpt, FedYogi
 from fedlight.strategies.fedper import FedPer
 from fedlight.strategies.fedproto import FedProto
 from fedlight.strategies.fedprox import FedProx
@@ -41,6 +42,8 @@ __all__ = [
     "Ditto",
     "Fairness",
     "FedAU",
+    "FedAdagrad",
+    "FedAdam",
     "FedAtt",
     "FedAvg",
     "FedAvgM",
@@ -51,12 +54,14 @@ __all__ = [
     "FedDecorr",
     "FedDyn",
     "FedNova",
+    "FedOpt",
     "FedPer",
     "FedProto",
     "FedProx",
     "FedRep",
     "FedSL",
     "FedSLS",
+    "FedYogi",
     "RobustAggregation",
     "RuleWrapper",
     "Strategy",

@@ -145,6 +145,65 @@ def server_momentum(
     return global_state - lr * velocity, velocity
 
 
+def adaptive_server_step(
+    global_state: torch.Tensor,
+    aggregate: torch.Tensor,
+    first_moment: torch.Tensor,
+    second_moment: torch.Tensor,
+    variant: str,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    tau: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One server step of FedAdagrad, FedYogi or FedAdam (Reddi et al., ICLR 2021, Algorithm 2): ``(x, m, v)``.
+
+    With Δ_t = avg_k x_k − x_t, the clients' average update (line 10)::
+
+        m_t = β1 m_{t−1} + (1 − β1) Δ_t                              (line 11)
+        adagrad:  v_t = v_{t−1} + Δ_t²                               (line 12)
+        yogi:     v_t = v_{t−1} − (1 − β2) Δ_t² sign(v_{t−1} − Δ_t²)   (line 13)
+        adam:     v_t = β2 v_{t−1} + (1 − β2) Δ_t²                    (line 14)
+        x_{t+1} = x_t + η m_t / (√v_t + τ)                           (line 15)
+
+    all per coordinate. There is no bias correction of m or v: Algorithm 2 has none.
+
+    Args:
+        global_state: ``[P]`` x_t.
+        aggregate: ``[P]`` the average of the clients' states, x_t + Δ_t.
+        first_moment: ``[P]`` m_{t−1}, zeros before the first round.
+        second_moment: ``[P]`` v_{t−1}, at least τ² before the first round.
+        variant: ``adagrad``, ``yogi`` or ``adam``.
+        lr: η, the server learning rate.
+        beta1: β1 ∈ [0, 1), the decay of m.
+        beta2: β2 ∈ [0, 1), the decay of v (unused by Adagrad).
+        tau: τ > 0, the degree of adaptivity.
+
+    One round of each from x = 0, Δ = 4, m = 0, v = τ² = 9, with η = 2, β1 = 0.5, β2 = 0.75: m = 2, and
+    v = 9 + 16 = 25 (Adagrad), 9 + 0.25·16 = 13 (Yogi: v < Δ², so v grows), 0.75·9 + 0.25·16 = 10.75 (Adam).
+
+    >>> zero, four = torch.zeros(1), torch.full((1,), 4.0)
+    >>> x, m, v = adaptive_server_step(zero, four, zero, torch.full((1,), 9.0), "adagrad", 2.0, 0.5, 0.75, 3.0)
+    >>> x.item(), m.item(), v.item()  # x = 2·2 / (5 + 3)
+    (0.5, 2.0, 25.0)
+    >>> [adaptive_server_step(zero, four, zero, torch.full((1,), 9.0), kind, 2.0, 0.5, 0.75, 3.0)[2].item()
+    ...  for kind in ("yogi", "adam")]
+    [13.0, 10.75]
+    """
+    delta = aggregate - global_state  # Δ_t: the clients' average update, the opposite of a gradient
+    first_moment = beta1 * first_moment + (1.0 - beta1) * delta
+    square = delta * delta
+    if variant == "adagrad":
+        second_moment = second_moment + square
+    elif variant == "yogi":
+        second_moment = second_moment - (1.0 - beta2) * square * torch.sign(second_moment - square)
+    elif variant == "adam":
+        second_moment = beta2 * second_moment + (1.0 - beta2) * square
+    else:
+        raise ConfigError(f"Expected a server optimiser 'adagrad', 'yogi' or 'adam', got {variant!r}.")
+    return global_state + lr * first_moment / (second_moment.sqrt() + tau), first_moment, second_moment
+
+
 def fednova_normalizer(steps: int, momentum: float = 0.0, lr_mu: float = 0.0) -> float:
     """FedNova's a_i: how many plain-SGD steps a client's ``steps`` local steps amount to (Wang et al. 2020).
 

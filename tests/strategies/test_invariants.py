@@ -4,13 +4,13 @@ Rules that need nothing but a state run on :class:`ScalarClient`: each client mi
 the global w. Rules that read features, convolutions or previous local models (FedDecorr, MOON, FedSLS,
 FedSL, FedProto) run on a small CNN classifier over 8×8 images, in full batches so that a client's result does
 not depend on its batch order. The rules differ in how they combine the results, but none may move identical
-clients, change a lone client's result, depend on the order of the clients or lose anything across a
-checkpoint. Wrappers around a rule (robust aggregation, attacks, differential privacy) are held to what they
-promise: none depends on the order of the clients or loses anything across a checkpoint, and a wrapper with
-nothing to do (no outlier to reject, no noise, a clip it never reaches) is the rule it wraps. Rules that keep
-per-client state (SCAFFOLD, FedDyn, FedBN, FedPer, FedRep, Ditto) read it through the engine during a fit, so they
-run on the CNN only; FedBN's CNN has BatchNorm layers. The rules that
-train their own kind of client (FedCC's centroids, clustered and LADD's cluster banks) have their tester in
+clients, change a lone client's result (a server optimiser such as FedAdam steps towards it instead), depend on
+the order of the clients or lose anything across a checkpoint. Wrappers around a rule (robust aggregation,
+attacks, differential privacy) are held to what they promise: none depends on the order of the clients or loses
+anything across a checkpoint, and a wrapper with nothing to do (no outlier to reject, no noise, a clip it never
+reaches) is the rule it wraps. Rules that keep per-client state (SCAFFOLD, FedDyn, FedBN, FedPer, FedRep, Ditto)
+read it through the engine during a fit, so they run on the CNN only; FedBN's CNN has BatchNorm layers. The rules
+that train their own kind of client (FedCC's centroids, clustered and LADD's cluster banks) have their tester in
 ``test_invariants_clustered.py``.
 """
 
@@ -27,6 +27,8 @@ from fedlight.strategies import (
     Ditto,
     DPFedAvg,
     Fairness,
+    FedAdagrad,
+    FedAdam,
     FedAtt,
     FedAU,
     FedAvg,
@@ -41,6 +43,7 @@ from fedlight.strategies import (
     FedRep,
     FedSL,
     FedSLS,
+    FedYogi,
     RobustAggregation,
 )
 from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
@@ -53,7 +56,13 @@ STRATEGIES = {
     "fedavgm": lambda: FedAvgM(momentum=0.5),
     "fednova": FedNova,
     "fedau": FedAU,
+    "fedadagrad": lambda: FedAdagrad(server_lr=0.5, tau=0.1),
+    "fedyogi": lambda: FedYogi(server_lr=0.5, tau=0.1),
+    "fedadam": lambda: FedAdam(server_lr=0.5, tau=0.1),
 }
+# Server optimisers take one adaptive step towards a lone client instead of landing on it; test_fedopt.py holds them
+# to Algorithm 2 of their paper. Every other rule's aggregate of one client is that client.
+SERVER_OPTIMISERS = {"fedadagrad", "fedyogi", "fedadam"}
 # Rules that need a network with features and convolutions; every rule of STRATEGIES runs there too.
 IMAGE_STRATEGIES = {
     "fedavg": FedAvg,
@@ -72,6 +81,9 @@ IMAGE_STRATEGIES = {
     "fedper": FedPer,
     "fedrep": lambda: FedRep(head_epochs=1),
     "ditto": lambda: Ditto(lam=0.5),
+    "fedadagrad": lambda: FedAdagrad(server_lr=0.05, tau=0.01),
+    "fedyogi": lambda: FedYogi(server_lr=0.05, tau=0.01),
+    "fedadam": lambda: FedAdam(server_lr=0.05, tau=0.01),
 }
 # Wrappers: seven clients, so that Krum's and Bulyan's f = 1 is admissible and an attacker is drawn. DP's noise is
 # drawn from the run's seed, since the tests below compare separate runs (secret noise: tests/strategies/test_dp.py).
@@ -133,8 +145,10 @@ def test_identical_clients_are_a_fixed_point(make_strategy, tmp_path):
     assert many.global_state.item() == pytest.approx(alone.global_state.item(), abs=1e-7)
 
 
-def test_one_client_reproduces_itself(make_strategy, tmp_path):
+@pytest.mark.parametrize("name", [name for name in STRATEGIES if name not in SERVER_OPTIMISERS])
+def test_one_client_reproduces_itself(name, tmp_path):
     # Two half steps of SGD on ½(w − 3)² (plus FedProx's term): whatever the client reaches is the new model.
+    make_strategy = STRATEGIES[name]
     one = fit(tmp_path, [7], [3.0], make_strategy(), lr=0.5, local_epochs=2)
     client = ScalarClient(lr=0.5)
     strategy = make_strategy()
