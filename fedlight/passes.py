@@ -22,9 +22,7 @@ if TYPE_CHECKING:
 
 
 @torch.no_grad()
-def class_feature_batches(
-    context: RunContext, module: LightningModule, client: int
-) -> Iterator[tuple[Tensor, Tensor]]:
+def class_feature_batches(context: RunContext, module: LightningModule, client: int) -> Iterator[tuple[Tensor, Tensor]]:
     """Per-batch class feature sums ``[C, D]`` and counts ``[C]`` of ``module`` over a client's training split.
 
     The features are the classifier's input, ``module.net.forward_features``: ``[B, D]``, or ``[B, D, h, w]``

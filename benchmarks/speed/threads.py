@@ -51,8 +51,7 @@ WORKLOADS = {
 
 # Another job: matrix products on torch's default threads, for as long as the benchmark that started it lives.
 LOAD = (
-    "import os, torch\nparent = os.getppid()\na = torch.randn(1024, 1024)\n"
-    "while os.getppid() == parent:\n    a @ a\n"
+    "import os, torch\nparent = os.getppid()\na = torch.randn(1024, 1024)\nwhile os.getppid() == parent:\n    a @ a\n"
 )
 
 

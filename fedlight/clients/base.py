@@ -80,4 +80,3 @@ def features_and_logits(net: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Te
         features = net.forward_features(x)
         return features, net.forward_head(features)
     return None, net(x)
-

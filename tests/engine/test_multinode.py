@@ -38,7 +38,10 @@ def launch_nodes(node_run: list[str], cwd: Path, env: dict[str, str], attempts: 
         ]  # fmt: skip
         nodes = [
             subprocess.Popen(
-                [*launch, f"--node_rank={rank}", *node_run], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                [*launch, f"--node_rank={rank}", *node_run],
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
             )
             for rank in (0, 1)

@@ -272,6 +272,7 @@ def test_resuming_a_finished_run_runs_nothing_and_touches_none_of_its_files(tmp_
     monkeypatch.setenv("WANDB_MODE", "offline")
     first = make_trainer(tmp_path, rounds=2, logger=["csv", "wandb"])
     first.fit(make_model(), synthetic_data(), FedAvg())
+
     def files():  # W&B's service may still be closing its own logs, so its folder is compared by its parts
         return {p: p.stat().st_mtime_ns for p in first.run_dir.rglob("*") if p.is_file() and "wandb" not in p.parts}
 
