@@ -623,3 +623,14 @@ def test_the_accelerator_defaults_to_lightnings_choice():
 
     ours = inspect.signature(FederatedTrainer).parameters["accelerator"].default
     assert ours == inspect.signature(Fabric).parameters["accelerator"].default == "auto"
+
+
+@pytest.mark.parametrize(("precision", "compute"), [("bf16-mixed", torch.bfloat16), ("32-true", torch.float32)])
+def test_precision_applies_inside_the_vectorised_client_step_as_in_the_sequential_one(tmp_path, precision, compute):
+    torch.manual_seed(0)
+    model = DtypeRecorder(num_classes=10, input_shape=(12,), model="mlp", model_kwargs={"hidden": [16]})
+    trainer = make_trainer(tmp_path, rounds=1, precision=precision, straggler_fraction=0.0, client_batching=16)
+    trainer.fit(model, synthetic_data(), FedAvg())
+    assert not isinstance(trainer.fits.vectorised, str)  # the round did run vectorised
+    assert model.seen == (compute, torch.float32)  # autocast compute, fp32 stacked weights
+    assert trainer.global_state.dtype == torch.float32
