@@ -69,7 +69,9 @@ class HFDataset(FederatedDataset):
         input_shape: tuple[int, ...] | None = None,
         cache_dir: str | None = None,
     ) -> None:
-        if importlib.util.find_spec("datasets") is None:
+        spec = importlib.util.find_spec("datasets")
+        # a datasets/ folder on the path (a project's data, a test package) is a namespace package, not the library
+        if spec is None or spec.origin is None:
             raise ConfigError(
                 f"fedlight.data.HFDataset reads through Hugging Face's datasets library, which is not installed: "
                 f"{_INSTALL}."

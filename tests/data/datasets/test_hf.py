@@ -1,5 +1,7 @@
 """``HFDataset`` on datasets saved locally (``save_to_disk``, parquet), offline, and without the library."""
 
+import importlib.machinery
+import importlib.util
 import os
 import subprocess
 import sys
@@ -15,6 +17,19 @@ from fedlight.data import FederatedDataModule, HFDataset
 from fedlight.data.partition import Dirichlet, Natural
 from fedlight.errors import ConfigError
 
+
+def hf_library():
+    """Hugging Face's datasets library, or a skip where the hf extra is not installed.
+
+    ``datasets.arrow_dataset`` rather than ``datasets``: this folder, tests/data/datasets/, is itself importable as a
+    namespace package called ``datasets`` once tests/data is on the path.
+    """
+    pytest.importorskip("datasets.arrow_dataset", reason="the hf extra (pip install datasets)")
+    import datasets
+
+    return datasets
+
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -24,10 +39,27 @@ def test_without_the_library_the_error_says_how_to_install_it(monkeypatch) -> No
         HFDataset("flwrlabs/femnist", num_classes=62, input_shape=(1, 28, 28))
 
 
+def test_a_folder_named_datasets_on_the_path_is_not_taken_for_the_library(tmp_path, monkeypatch) -> None:
+    (tmp_path / "datasets").mkdir()  # a project's data folder: importable as a namespace package, not the library
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "datasets", raising=False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(  # the library itself hidden, as on a machine without the hf extra
+        importlib.util, "find_spec", lambda name, *a: real(name, *a) if name != "datasets" else _namespace(tmp_path)
+    )
+    with pytest.raises(ConfigError, match=r"datasets library, which is not installed"):
+        HFDataset("flwrlabs/femnist", num_classes=62, input_shape=(1, 28, 28))
+
+
+def _namespace(folder: Path) -> importlib.machinery.ModuleSpec:
+    """The spec Python's path finder gives a folder without ``__init__.py``."""
+    return importlib.machinery.PathFinder.find_spec("datasets", [str(folder)])
+
+
 @pytest.fixture
 def saved(tmp_path):
     """A DatasetDict like flwrlabs/femnist's columns: 12 grey 6×5 images, 3 letters, 3 writers; a 4-image test."""
-    datasets = pytest.importorskip("datasets", reason="the hf extra (pip install datasets)")
+    datasets = hf_library()
     rng = np.random.default_rng(0)
     pixels = rng.integers(0, 256, (16, 6, 5), dtype=np.uint8)
     features = datasets.Features(
@@ -88,7 +120,7 @@ def test_images_are_converted_and_resized_and_a_wrong_column_is_named(saved) -> 
 
 
 def test_a_local_parquet_file_with_array_inputs(tmp_path) -> None:
-    datasets = pytest.importorskip("datasets", reason="the hf extra (pip install datasets)")
+    datasets = hf_library()
     inputs = np.arange(30, dtype=np.float32).reshape(10, 3)
     table = datasets.Dataset.from_dict({"x": inputs.tolist(), "y": [0, 1] * 5})
     table.to_parquet(str(tmp_path / "mine.parquet"))
@@ -112,7 +144,7 @@ except ConfigError as error:
 
 
 def test_offline_a_local_file_reads_and_an_uncached_hub_dataset_names_the_cache(tmp_path) -> None:
-    datasets = pytest.importorskip("datasets", reason="the hf extra (pip install datasets)")
+    datasets = hf_library()
     datasets.Dataset.from_dict({"x": [[1.0, 2.0, 3.0]] * 4, "y": [0, 1, 0, 1]}).to_parquet(str(tmp_path / "m.parquet"))
     cache = tmp_path / "cache"
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(cache)}
