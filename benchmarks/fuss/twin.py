@@ -254,7 +254,7 @@ def main() -> None:
     print(f"\nfeature cache: {cache.nbytes / 2**20:.2f} MiB for {len(cache.stores)} clients "
           f"({cache.client_nbytes(0) / 2**10:.1f} KiB for client 0); aggregation buffers: "
           f"{trainer.aggregation_nbytes / 2**10:.1f} KiB")  # fmt: skip
-    dino = UnsupervisedSegmentationClient(27, (3, 224, 224), pretrained="unused")  # ViT-B/8, weights not drawn
+    dino = UnsupervisedSegmentationClient(27, (3, 224, 224), pretrained="vit_base_patch8_224.dino")  # not fetched
     layout = FlatState(dino, dino.frozen_modules)
     per_image = 768 * 28 * 28 * 2
     print(f"DINO ViT-B/8 setting: {layout.numel:,} federated entries (head, centroids, probe) → "
