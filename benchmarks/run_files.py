@@ -20,3 +20,18 @@ def read_metrics(run_dir: Path | None) -> list[dict[str, float]]:
         return []
     with path.open(newline="") as f:
         return [{k: float(v) if v not in ("", None) else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def run_options(root: Path, name: str) -> list[str]:
+    """What every benchmark's ``fedlight fit`` command ends with: CSV only, its folder and name, no progress bar,
+    and ``--ckpt_path`` to resume the run's last attempt when that left a checkpoint."""
+    options = [
+        "--trainer.logger=csv",
+        f"--trainer.default_root_dir={root}",
+        f"--trainer.name={name}",
+        "--trainer.enable_progress_bar=false",
+    ]
+    last = latest_version(root, name)
+    if last is not None and (last / "checkpoints" / "last.ckpt").exists():
+        options.append(f"--ckpt_path={last / 'checkpoints' / 'last.ckpt'}")
+    return options

@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from paired import paired  # noqa: E402
-from run_files import latest_version, read_metrics  # noqa: E402
+from run_files import latest_version, read_metrics, run_options  # noqa: E402
 
 CONF = REPO / "conf" / "baselines"
 REFERENCE = "fedavg"
@@ -85,14 +85,8 @@ def command(run: Run, root: Path) -> list[str]:
         args.append(f"--trainer.rounds={run.rounds}")
     args += [
         *run.overrides,
-        "--trainer.logger=csv",
-        f"--trainer.default_root_dir={root}",
-        f"--trainer.name={run.name}",
-        "--trainer.enable_progress_bar=false",
+        *run_options(root, run.name),
     ]
-    last = latest_version(root, run.name)
-    if last is not None and (last / "checkpoints" / "last.ckpt").exists():
-        args.append(f"--ckpt_path={last / 'checkpoints' / 'last.ckpt'}")
     return args
 
 

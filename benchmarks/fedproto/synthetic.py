@@ -49,7 +49,7 @@ import numpy as np
 from fedlight.callbacks.feature_discrepancy import feature_discrepancy_gain
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from run_files import latest_version, read_metrics
+from run_files import latest_version, read_metrics, run_options
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf" / "fedproto"
@@ -104,14 +104,8 @@ def command(run: Run, root: Path) -> list[str]:
         f"--seed_everything={run.seed}",
         f"--trainer.rounds={run.rounds}",
         *run.overrides,
-        "--trainer.logger=csv",
-        f"--trainer.default_root_dir={root}",
-        f"--trainer.name={run.name}",
-        "--trainer.enable_progress_bar=false",
+        *run_options(root, run.name),
     ]
-    last = latest_version(root, run.name)
-    if last is not None and (last / "checkpoints" / "last.ckpt").exists():
-        args.append(f"--ckpt_path={last / 'checkpoints' / 'last.ckpt'}")
     return args
 
 
