@@ -12,6 +12,8 @@ through fedlight, exports it, and starts one child process per run, alternating 
   (``client_batching=1024``, ``compile_batched=True``), 1 process. Its clients run no timing hooks (a
   hook on the client's module would stop the vectorisation), so its time outside local training is not
   split out.
+- ``compiled``: the same ``fit`` as ``fedlight``, one process, with ``compile_steps=True``: each client's
+  whole step (forward, loss, backward, SGD update) one compiled graph.
 - ``flower``: Flower's simulation engine (``flwr.simulation.run_simulation``, Ray backend) with 1 or 2
   actors, written as a careful Flower user would (one resident model and the data cached per actor,
   server-side evaluation of the same held-out data). It runs under the Python interpreter given by
@@ -64,7 +66,7 @@ FLOWER_INSTALL = (
     '"flwr[simulation]==1.41.*" -e .'
 )
 
-Engine = Literal["floor", "fedlight", "batched", "flower"]
+Engine = Literal["floor", "fedlight", "batched", "compiled", "flower"]
 
 
 @dataclass(frozen=True)
@@ -333,7 +335,9 @@ def run_floor(args: argparse.Namespace, work: Workload) -> dict[str, Any]:
 
 
 # -- fedlight ----------------------------------------------------------------------------------------------
-def run_fedlight(args: argparse.Namespace, work: Workload, batched: bool = False) -> dict[str, Any] | None:
+def run_fedlight(
+    args: argparse.Namespace, work: Workload, batched: bool = False, compile_steps: bool = False
+) -> dict[str, Any] | None:
     from fedlight.callbacks.base import RoundCallback
     from fedlight.engine.evaluation import Evaluator
     from fedlight.engine.local_fit import LocalTraining
@@ -352,6 +356,9 @@ def run_fedlight(args: argparse.Namespace, work: Workload, batched: bool = False
         def training_loss(self, module, batch, outputs):
             probe.step_dtype = str(outputs["logits"].dtype)  # what precision the client step really ran in
             return outputs["loss"]
+
+        def loss_is_traceable(self) -> bool:
+            return True  # it reads the parameters through the module only (the compiled engine's whole step)
 
         def on_client_fit_end(self, context, module, update) -> None:
             synchronize(device)
@@ -425,6 +432,7 @@ def run_fedlight(args: argparse.Namespace, work: Workload, batched: bool = False
         seed=SEED,
         client_batching=1024 if batched else None,  # vectorised, whatever auto's cost model would choose
         compile_batched=batched,
+        compile_steps=compile_steps,
     )
     # Stage clocks around the engine's own steps (this child process runs one engine, so its classes are patched).
     for stage, owner, method in [
@@ -476,6 +484,7 @@ def child(args: argparse.Namespace, work: Workload) -> None:
         "floor": run_floor,
         "fedlight": run_fedlight,
         "batched": lambda a, w: run_fedlight(a, w, batched=True),
+        "compiled": lambda a, w: run_fedlight(a, w, compile_steps=True),
         "flower": run_flower,
     }[args.child]
     result = runner(args, work)
@@ -748,6 +757,8 @@ def print_report(work: Workload, args: argparse.Namespace, results: dict[str, Su
     ratio("batched/floor (rounds/s)", "floor1", "batched1", "round_s", "–")
     ratio("batched/Flower, 1 worker (rounds/s)", "flower1", "batched1", "round_s", "≥ 7 on a GPU, bf16-mixed")
     ratio("fedlight/Flower, 1 worker (rounds/s)", "flower1", "fedlight1", "round_s", "–")
+    ratio("compiled steps/floor (rounds/s)", "floor1", "compiled1", "round_s", "≥ 1.5 on (a)")
+    ratio("compiled steps/fedlight sequential (rounds/s)", "fedlight1", "compiled1", "round_s", "–")
     if "fedlight1" in results and "flower1" in results:
         value = results["fedlight1"].outside_ms / results["flower1"].outside_ms
         ratios["fedlight/Flower time outside training, 1 worker"] = value
@@ -766,7 +777,7 @@ def print_report(work: Workload, args: argparse.Namespace, results: dict[str, Su
             print(f"{s.label}: client step logits in {s.step_dtype} under --precision {args.precision}")
     differences = {}
     print()
-    pairs = [("fedlight1", "floor1"), ("fedlight2", "fedlight1"), ("batched1", "floor1")]
+    pairs = [("fedlight1", "floor1"), ("fedlight2", "fedlight1"), ("batched1", "floor1"), ("compiled1", "floor1")]
     for a, b in [*pairs, ("flower1", "floor1"), ("flower2", "floor1")]:
         if a in results and b in results:
             diff = (results[a].final_state - results[b].final_state).abs().max().item()
@@ -879,7 +890,9 @@ def parse_args(work: Workload, doc: str) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="reuse the runs already under --out with these settings")
     parser.add_argument("--stop-after", type=float, default=0, help="start no new run after this many seconds")
     # Internal: the options of one child run.
-    parser.add_argument("--child", choices=["floor", "fedlight", "batched", "flower"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", choices=["floor", "fedlight", "batched", "compiled", "flower"], help=argparse.SUPPRESS
+    )
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--exported", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
@@ -895,10 +908,12 @@ def configurations(spec: str) -> Iterator[tuple[Engine, int]]:
     for item in spec.split(","):
         item = item.strip()
         engine, workers = item.rstrip("0123456789"), int(item[len(item.rstrip("0123456789")) :] or 1)
-        if engine not in ("floor", "fedlight", "batched", "flower"):
-            raise SystemExit(f"Unknown engine {engine!r} in --engines={spec}; use floor, fedlight, batched or flower.")
-        if engine == "batched" and workers != 1:
-            raise SystemExit(f"--engines={spec}: batched runs in one process (batched1).")
+        if engine not in ("floor", "fedlight", "batched", "compiled", "flower"):
+            raise SystemExit(
+                f"Unknown engine {engine!r} in --engines={spec}; use floor, fedlight, batched, compiled or flower."
+            )
+        if engine in ("batched", "compiled") and workers != 1:
+            raise SystemExit(f"--engines={spec}: {engine} runs in one process ({engine}1).")
         yield engine, workers
 
 
@@ -945,7 +960,7 @@ def main(work: Workload, script: str, doc: str) -> dict[str, Any] | None:
                     flush=True,
                 )
     labels = {"floor1": "floor", "fedlight1": "fedlight ×1", "fedlight2": "fedlight ×2"}
-    labels |= {"flower1": "Flower ×1", "flower2": "Flower ×2", "batched1": "batched ×1"}
+    labels |= {"flower1": "Flower ×1", "flower2": "Flower ×2", "batched1": "batched ×1", "compiled1": "compiled ×1"}
     results = {key: summarise(labels.get(key, key), value) for key, value in reports.items()}
     summary = print_report(work, args, results)
     summary["limit"] = print_limit(work, args, results)

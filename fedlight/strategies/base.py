@@ -189,6 +189,18 @@ class Strategy:
         """Returns the loss to minimise; ``outputs`` is what ``module.training_step`` returned."""
         return outputs["loss"]
 
+    def loss_is_traceable(self) -> bool:
+        """Whether ``training_loss`` can run inside a compiled whole step (``--trainer.compile_steps``).
+
+        The whole step differentiates the loss with ``torch.func``, over copies of the parameters that it swaps
+        into ``module`` for the call: a loss that reads the parameters through ``module`` at the call (its
+        forward pass, ``module.parameters()``) is differentiated as in the eager step, but one that uses
+        parameter objects it kept from ``on_client_fit_start`` would see constants, and its term would add
+        nothing to the gradient. So only the default loss says yes; a rule that overrides ``training_loss``
+        says yes once its loss reads the parameters through ``module`` and keeps no tensors from the call.
+        """
+        return type(self).training_loss is Strategy.training_loss
+
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         """Called after local training, module in train mode; may fill ``update.payload``."""
 

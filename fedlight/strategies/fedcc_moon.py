@@ -132,6 +132,9 @@ class FedCCMOON(FedCC):
         previous = self.previous.get(plan.client)
         self._previous = None if previous is None else self._copies.holding("previous", branch, self._layout, previous)
 
+    def loss_is_traceable(self) -> bool:
+        return True  # its terms read the module's outputs of the call and teachers that do not train
+
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, Tensor]) -> Tensor:
         averaged = self.previous_model == "averaged"
         if self.mu == 0 or not (self._previous is not None or averaged):

@@ -79,6 +79,9 @@ class FedDecorr(FedAvg):
             ]
         return []
 
+    def loss_is_traceable(self) -> bool:
+        return True  # its terms read the module's outputs of the call and teachers that do not train
+
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         if "features" not in outputs:
             raise ConfigError(

@@ -85,7 +85,8 @@ class FedNova(FedProx):
         normalizer = fednova_normalizer(update.num_steps, self.momentum, self.lr * self.mu)  # a_i
         if normalizer > 0:
             with torch.no_grad():
-                for param, anchor in zip(self._params, self._anchors, strict=True):
+                params = [p for p in module.parameters() if p.requires_grad]  # in the anchors' order
+                for param, anchor in zip(params, self._anchors, strict=True):
                     param.copy_(anchor + (param - anchor) / normalizer)
         update.payload.update(normalizer=normalizer, steps=update.num_steps)
         super().on_client_fit_end(context, module, update)

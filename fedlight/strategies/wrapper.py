@@ -118,6 +118,9 @@ class RuleWrapper(Strategy):
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.rule.training_loss(module, batch, outputs)
 
+    def loss_is_traceable(self) -> bool:
+        return self.rule.loss_is_traceable()
+
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         self.rule.on_client_fit_end(context, module, update)
 

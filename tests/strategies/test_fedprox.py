@@ -75,7 +75,7 @@ def test_anchors_are_released_after_the_local_fit():
     strategy = FedProx()
     strategy.on_client_fit_start(None, module, None)
     strategy.on_client_fit_end(None, module, None)
-    assert strategy._anchors == [] and strategy._params == []
+    assert strategy._anchors == []
 
 
 def test_two_local_steps_by_hand(tmp_path):
