@@ -18,6 +18,7 @@ Workloads:
     python benchmarks/speed/batched.py                  # (a), (b), (m), (x): 10 rounds × 2 repeats
     python benchmarks/speed/batched.py --reduced        # CI: (x) with 100 users, 3 rounds, 1 repeat
     python benchmarks/speed/batched.py --workloads x --rounds 20 --repeats 3
+    python benchmarks/speed/batched.py --workloads a --variants steps --steps-mode default
 """
 
 from __future__ import annotations
@@ -126,6 +127,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--reduced", action="store_true", help="CI: workload x with 100 users, 3 rounds, 1 repeat")
     parser.add_argument("--no-compile", action="store_true", help="leave out the compiled variants")
+    parser.add_argument(
+        "--variants", default="sequential,batched,compiled,steps", help="comma-separated subset of the variants"
+    )
     parser.add_argument("--accelerator", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
     parser.add_argument(
@@ -148,13 +152,14 @@ def main() -> None:
         if not args.no_compile:
             variants["compiled"] = (per_round, True, False)
             variants["steps"] = (None, False, args.steps_mode)  # compiled client steps, one client at a time
+        variants = {key: value for key, value in variants.items() if key in [*args.variants.split(","), "sequential"]}
         runs: dict[str, list[dict]] = {key: [] for key in variants}
         for _ in range(args.repeats):
             for key, (batching, compiled, steps) in variants.items():
                 runs[key].append(run(name, batching, args.rounds, args.reduced, compiled, steps, device))
         rate = {k: statistics.median(1 / r["round_s"] for r in v) for k, v in runs.items()}
         wall = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
-        numel = runs["batched"][0]["numel"]
+        numel = runs["sequential"][0]["numel"]
         assert all(r["vectorised"] for key in variants if variants[key][0] for r in runs[key]), (
             f"({name}) did not run vectorised"
         )

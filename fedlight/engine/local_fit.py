@@ -5,10 +5,12 @@ fresh optimizer, seeds the client's own stream and runs its batches: ``F`` epoch
 straggler) or exactly ``local_steps`` full batches. The rule's hooks run around it and inside the loss; the
 trainer's precision applies inside every step while the global model stays fp32.
 
-With ``--trainer.compile_steps``, a step's forward pass and loss (the client's ``training_step`` and the rule's
-``training_loss``) run as one function compiled by ``torch.compile``, once per run and reused by every client,
-since they all train the same resident module; the backward pass runs through the compiled graph's own backward,
-and the optimizer stays eager, because each client builds a fresh one.
+With ``--trainer.compile_steps``, a client's whole step (the client's ``training_step``, the rule's
+``training_loss``, the backward pass and the SGD, Adam or AdamW update) runs as one function compiled by
+``torch.compile`` (:mod:`fedlight.engine.whole_step`), once per run and reused by every client, since they all
+train the same resident module. A fit whose optimizer the whole step does not compute (another optimizer, several,
+a scheduler) compiles only the forward pass and loss; its backward pass runs through the compiled graph's own
+backward and the optimizer stays eager. The console says once which one runs, and why.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fedlight.clients.base import LocalFit
 from fedlight.engine.streams import RandomStreams, seed_torch
+from fedlight.engine.whole_step import WholeStep, whole_step_blocker
 from fedlight.errors import ConfigError
 from fedlight.plans import ClientPlan, ClientUpdate
 
@@ -49,8 +53,10 @@ class LocalTraining:
         fabric: precision, backward pass and device.
         streams: the run's random streams.
         settings: rounds T, local epochs or ``local_steps``.
-        compile_steps: compile the forward pass and loss of the rounds' steps (``torch.compile``'s mode, or
-            ``True`` for its default); ``False`` runs them eagerly.
+        compile_steps: compile the rounds' steps (``torch.compile``'s mode, or ``True`` for its default): the whole
+            step where the fit's optimizer allows (:mod:`fedlight.engine.whole_step`), else the forward pass and
+            loss; ``False`` runs them eagerly.
+        say: prints one line on the run's console (which compiled step runs, and why).
     """
 
     def __init__(
@@ -63,12 +69,16 @@ class LocalTraining:
         streams: RandomStreams,
         settings: RoundSettings,
         compile_steps: CompileMode = False,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         self.model, self.datamodule, self.strategy, self.context = model, datamodule, strategy, context
         self.fabric, self.streams, self.settings = fabric, streams, settings
         self.precision = fabric.strategy.precision
         self.compile_steps = compile_steps
+        self.say = say or (lambda line: None)
         self._compiled: Callable | None = None  # the rounds' compiled forward and loss, built on first use
+        self._whole: WholeStep | None = None  # the rounds' compiled whole step, built on first use
+        self._whole_refused: str | None = None  # why this run's fits cannot take the whole step, once one could not
 
     def fit(self, round_idx: int, plan: ClientPlan, start: torch.Tensor) -> tuple[ClientUpdate, torch.Tensor]:
         """Client ``plan.client``'s fit in round ``round_idx`` from the bank member ``start``; returns its update
@@ -136,6 +146,20 @@ class LocalTraining:
         ``compiled``: the forward pass and loss run through :meth:`compiled_step` (the rounds' ``loss_fn`` only).
         """
         precision = self.precision
+        if compiled and (whole := self.whole_step(module, loss_fn, optimizers, schedulers)) is not None:
+            batches = iter(batches)
+            first = next(batches, None)
+            if first is None:
+                return torch.zeros((), device=self.fabric.device), 0
+            try:
+                return whole.run(optimizers[0], chain([first], batches))
+            except Exception as err:
+                if whole.steps_run:  # it compiled and trained: a later failure is the step's own
+                    raise
+                # what the compiler cannot trace through torch.func (a loss with side effects, say) trains with
+                # the forward pass and loss compiled instead, from the same first batch
+                self._refuse_whole_step(f"compiling it failed ({type(err).__name__}: {err})".splitlines()[0])
+                batches = chain([first], batches)
         forward = (
             self.compiled_step(module, loss_fn) if compiled else partial(forward_and_loss, precision, module, loss_fn)
         )
@@ -155,6 +179,40 @@ class LocalTraining:
             steps += 1
         return loss_sum, steps
 
+    def whole_step(
+        self, module: FederatedClient, loss_fn: LossFn, optimizers: list, schedulers: list
+    ) -> WholeStep | None:
+        """The run's compiled whole step (forward, loss, backward and update) if this fit can take it, else ``None``.
+
+        The first fit that cannot take it says why on the console, once per run.
+        """
+        if self._whole_refused is not None:
+            return None
+        blocker = whole_step_blocker(module, optimizers, schedulers, self.precision)
+        if blocker is None and not self.strategy.loss_is_traceable():
+            blocker = (
+                f"{type(self.strategy).__name__}'s training_loss may use parameters it kept from before the step, "
+                "which the whole step would not differentiate (see Strategy.loss_is_traceable)"
+            )
+        if blocker is not None:
+            self._refuse_whole_step(blocker)
+            return None
+        if self._whole is None:
+            self._whole = WholeStep(module, loss_fn, self.precision, mode=self._compile_mode())
+            self.say("fedlight: --trainer.compile_steps: each client step (forward, loss, backward and "
+                     f"{type(optimizers[0]).__name__} update) runs as one compiled graph.")  # fmt: skip
+        return self._whole
+
+    def _refuse_whole_step(self, reason: str) -> None:
+        self._whole_refused = reason
+        self.say(
+            "fedlight: --trainer.compile_steps: the forward pass and loss are compiled; the backward pass and the "
+            f"optimizer stay eager, because {reason}."
+        )
+
+    def _compile_mode(self) -> str | None:
+        return None if self.compile_steps is True else self.compile_steps
+
     def compiled_step(self, module: FederatedClient, loss_fn: LossFn) -> Callable:
         """The step's forward pass and loss compiled with ``torch.compile``, once per run.
 
@@ -166,7 +224,7 @@ class LocalTraining:
 
             # one graph per batch shape and per rule branch; dynamo's default limit of 8 is raised for them
             dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 64)
-            mode = None if self.compile_steps is True else self.compile_steps
+            mode = self._compile_mode()
             precision = self.precision
 
             def step(batch: Any, batch_idx: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -164,11 +164,13 @@ class FederatedTrainer:
             One graph per stack size (padded to a power of two) is compiled in the first rounds, several
             seconds each on a CPU, after which a step of K clients costs a fraction of K plain steps; it pays
             for runs of many rounds. Results equal the uncompiled ones up to float rounding.
-        compile_steps: compile each client step's forward pass and loss (the client's ``training_step`` and the
-            rule's loss) with ``torch.compile``, once per run for every client: ``true`` (torch's default mode),
-            ``reduce-overhead`` (CUDA graphs on a GPU, for many small steps), ``max-autotune`` or
-            ``max-autotune-no-cudagraphs``. The first steps pay the compilation (seconds); the optimizer stays
-            eager. Results equal eager steps up to float rounding (a fused graph sums in another order).
+        compile_steps: compile each client step with ``torch.compile``, once per run for every client: ``true``
+            (torch's default mode), ``reduce-overhead`` (CUDA graphs on a GPU, for many small steps),
+            ``max-autotune`` or ``max-autotune-no-cudagraphs``. With one SGD, Adam or AdamW optimizer and no
+            scheduler the whole step (forward, loss, backward and update) is one graph; otherwise the forward
+            pass and loss are compiled and the backward pass and optimizer stay eager; the console says which.
+            The first steps pay the compilation (seconds). Results equal eager steps up to float rounding (a
+            fused graph sums in another order); dropout draws come from the compiler's own generator.
         init_from: start the run from another run's weights instead of the model's own initialisation: a
             fedlight checkpoint (``<run_dir>/checkpoints/last.ckpt``, e.g. of a centralized source
             pre-training run), a Lightning checkpoint, or a file holding a plain ``state_dict``. Weights only;
@@ -529,6 +531,7 @@ class FederatedTrainer:
         console = self.console = self.fits.console = RunConsole(
             self.fabric.global_rank == 0, self.logging.enable_progress_bar
         )
+        self.training.say = console.print
         console.start(
             name=self.name, run_dir=self.run_dir, seed=self.seed, clients=self.datamodule.num_clients,
             per_round=settings.clients_per_round, first=self.round, rounds=settings.rounds,

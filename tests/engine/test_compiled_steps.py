@@ -1,4 +1,5 @@
-"""Compiled client steps (``--trainer.compile_steps``) train the clients the eager steps train.
+"""Compiled client steps (``--trainer.compile_steps``) train the clients the eager steps train: the whole step
+compiled (SGD) and the forward pass and loss alone (an optimizer the whole step does not compute).
 
 A compiled graph may fuse and reorder sums, so whole runs are compared in fp64, where rounding cannot hide a
 wrong step, and in fp32 within a tolerance that a wrong step (a missed proximal term, a stale weight) exceeds
@@ -24,11 +25,13 @@ def images():
     return FederatedDataModule(ClientImages(sizes, list(range(6))), batch_size=10, test_fraction=0.0)
 
 
-def run(model, strategy, precision, compile_steps):
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.05)
+
+
+def run(model, strategy, precision, compile_steps, optimizer=sgd):
     torch.manual_seed(0)
-    client = ClassificationClient(
-        num_classes=3, input_shape=(1, 8, 8), model=model, optimizer=lambda p: torch.optim.SGD(p, lr=0.05)
-    )
+    client = ClassificationClient(num_classes=3, input_shape=(1, 8, 8), model=model, optimizer=optimizer)
     trainer = FederatedTrainer(
         rounds=2, clients_per_round=4, local_epochs=2, logger=None, enable_progress_bar=False,
         precision=precision, compile_steps=compile_steps,
@@ -45,7 +48,7 @@ def run(model, strategy, precision, compile_steps):
 def test_compiled_steps_train_as_the_eager_steps(model, strategy):
     eager = run(model, strategy(), "64-true", False)
     compiled = run(model, strategy(), "64-true", True)
-    assert compiled.training._compiled is not None and eager.training._compiled is None
+    assert compiled.training._whole.steps_run > 0 and eager.training._whole is None  # forward, backward and update
     torch.testing.assert_close(compiled.global_state, eager.global_state, rtol=0, atol=FP64_ATOL)
     for a, b in zip(eager.history, compiled.history, strict=True):
         assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-9)
@@ -69,3 +72,60 @@ def test_an_unknown_compile_mode_is_refused_naming_the_flag(capsys):
         main(["fit", "--config", "conf/digits/fedavg.yaml", "--trainer.compile_steps=fastest", "--print_config"])
     assert exit_info.value.code != 0
     assert "compile_steps" in capsys.readouterr().err
+
+
+def with_schedule(params):
+    optimizer = torch.optim.SGD(params, lr=0.05)
+    return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, step_size=3)}
+
+
+def test_a_fit_the_whole_step_cannot_take_compiles_its_forward_pass_and_says_why(capsys):
+    eager = run("mlp", FedAvg(), "64-true", False, optimizer=with_schedule)
+    compiled = run("mlp", FedAvg(), "64-true", True, optimizer=with_schedule)
+    assert compiled.training._whole is None and compiled.training._compiled is not None
+    out = capsys.readouterr().out
+    assert out.count("the backward pass and the optimizer stay eager, because") == 1
+    assert "learning-rate scheduler" in out
+    torch.testing.assert_close(compiled.global_state, eager.global_state, rtol=0, atol=FP64_ATOL)
+
+
+class AddressedLoss(FedAvg):
+    """FedAvg whose loss asks for the memory address of a tensor, which a gradient transform's tensors lack."""
+
+    def __init__(self):
+        super().__init__()
+        self.addresses = set()
+
+    def training_loss(self, module, batch, outputs):
+        self.addresses.add(outputs["loss"].data_ptr())
+        return outputs["loss"]
+
+    def loss_is_traceable(self):
+        return True  # it reads the parameters through the module only
+
+
+class HeldParameters(FedAvg):
+    """A rule whose loss uses the parameter objects it kept when the fit started, which the whole step refuses."""
+
+    def on_client_fit_start(self, context, module, plan):
+        self.held = list(module.parameters())
+
+    def training_loss(self, module, batch, outputs):
+        return outputs["loss"] + 0.1 * sum(p.square().sum() for p in self.held)
+
+
+def test_a_loss_the_compiler_cannot_trace_trains_with_the_forward_pass_compiled_from_the_same_batch(capsys):
+    eager = run("mlp", AddressedLoss(), "64-true", False)
+    compiled = run("mlp", AddressedLoss(), "64-true", True)
+    assert "compiling it failed" in capsys.readouterr().out
+    assert compiled.training._whole.steps_run == 0
+    # equal to the eager run: no batch was lost to the failed attempt, none was trained twice
+    torch.testing.assert_close(compiled.global_state, eager.global_state, rtol=0, atol=FP64_ATOL)
+
+
+def test_a_rule_that_keeps_parameter_objects_keeps_the_eager_backward_pass(capsys):
+    eager = run("mlp", HeldParameters(), "64-true", False)
+    compiled = run("mlp", HeldParameters(), "64-true", True)
+    assert compiled.training._whole is None
+    assert "HeldParameters's training_loss may use parameters it kept" in capsys.readouterr().out
+    torch.testing.assert_close(compiled.global_state, eager.global_state, rtol=0, atol=FP64_ATOL)

@@ -1,0 +1,123 @@
+"""The compiled whole step's update equals torch.optim's, step by step, and it refuses what it does not compute.
+
+The reference is torch.optim itself: the same module, batches and settings trained by the eager loop
+(``zero_grad``, ``backward``, ``step``), in fp64 so that any difference is a wrong update, not rounding.
+"""
+
+import contextlib
+
+import pytest
+import torch
+from torch import nn
+
+from fedlight.engine.whole_step import WholeStep, whole_step_blocker
+
+
+class Precision:
+    """What the whole step uses of Fabric's precision plugin, for fp64 without autocast."""
+
+    scaler = None
+
+    def forward_context(self):
+        return contextlib.nullcontext()
+
+    def convert_input(self, batch):
+        return batch
+
+
+class Client(nn.Module):
+    def __init__(self, norm: bool = False) -> None:
+        super().__init__()
+        layers = [nn.Linear(6, 8), nn.BatchNorm1d(8)] if norm else [nn.Linear(6, 8)]
+        self.net = nn.Sequential(*layers, nn.Tanh(), nn.Linear(8, 3))
+
+    def training_step(self, batch, batch_idx):
+        return {"loss": nn.functional.cross_entropy(self.net(batch[0]), batch[1])}
+
+
+def batches(seed: int):
+    """Five batches of 4 and a short last one of 3, fp64."""
+    generator = torch.Generator().manual_seed(seed)
+    sizes = [4, 4, 4, 4, 4, 3]
+    return [
+        (torch.randn(n, 6, generator=generator, dtype=torch.float64), torch.randint(0, 3, (n,), generator=generator))
+        for n in sizes
+    ]
+
+
+def eager_fit(module, optimizer, data):
+    total = 0.0
+    for batch in data:
+        loss = module.training_step(batch, 0)["loss"]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        total += loss.item()
+    return total
+
+
+OPTIMIZERS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.1),
+    "sgd-momentum-dampening-decay": lambda p: torch.optim.SGD(
+        p, lr=0.1, momentum=0.9, dampening=0.3, weight_decay=0.01
+    ),
+    "sgd-nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.8, nesterov=True),
+    "adam-l2": lambda p: torch.optim.Adam(p, lr=0.01, betas=(0.8, 0.99), weight_decay=0.02),
+    "adam-decoupled": lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_two_clients_fits_equal_torch_optim_with_a_fresh_optimizer_each(name):
+    make = OPTIMIZERS[name]
+    torch.manual_seed(0)
+    compiled, eager = Client().double(), Client().double()
+    eager.load_state_dict(compiled.state_dict())
+    step = WholeStep(compiled, lambda module, batch, outputs: outputs["loss"], Precision())
+    for client in range(2):  # the second client's optimizer state starts from zero again, as a new optimizer's
+        data = batches(client)
+        loss_sum, steps = step.run(make(compiled.parameters()), iter(data))
+        expected = eager_fit(eager, make(eager.parameters()), data)
+        assert steps == len(data)
+        assert loss_sum.item() == pytest.approx(expected, abs=1e-5)  # summed in fp32, as the eager fit's log is
+        for (key, a), b in zip(compiled.state_dict().items(), eager.state_dict().values(), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=f"{name}, client {client}: {key}")
+    assert step.steps_run == 2 * len(data)
+
+
+def test_batchnorm_statistics_and_a_frozen_layer_follow_the_eager_fit():
+    torch.manual_seed(1)
+    compiled, eager = Client(norm=True).double(), Client(norm=True).double()
+    eager.load_state_dict(compiled.state_dict())
+    for module in (compiled, eager):
+        module.net[0].requires_grad_(False)
+    make = OPTIMIZERS["sgd-momentum-dampening-decay"]
+    trainable = [p for p in compiled.parameters() if p.requires_grad]
+    step = WholeStep(compiled, lambda module, batch, outputs: outputs["loss"], Precision())
+    step.run(make(trainable), iter(batches(3)))
+    eager_fit(eager, make([p for p in eager.parameters() if p.requires_grad]), batches(3))
+    running_mean = compiled.net[1].running_mean
+    assert running_mean.abs().sum() > 0  # the statistics did move
+    for (key, a), b in zip(compiled.state_dict().items(), eager.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=key)
+
+
+def test_what_the_whole_step_does_not_compute_is_refused_with_the_reason():
+    module = Client()
+    params = list(module.parameters())
+    sgd = torch.optim.SGD(params, lr=0.1)
+    assert whole_step_blocker(module, [sgd], [], Precision()) is None
+    assert "2 optimizers" in whole_step_blocker(module, [sgd, sgd], [], Precision())
+    schedule = torch.optim.lr_scheduler.StepLR(sgd, 2)
+    assert "scheduler" in whole_step_blocker(module, [sgd], [schedule], Precision())
+    assert "RMSprop" in whole_step_blocker(module, [torch.optim.RMSprop(params)], [], Precision())
+    assert "amsgrad" in whole_step_blocker(module, [torch.optim.Adam(params, amsgrad=True)], [], Precision())
+    assert "maximize" in whole_step_blocker(module, [torch.optim.SGD(params, lr=0.1, maximize=True)], [], Precision())
+    part = torch.optim.SGD(params[:2], lr=0.1)
+    assert "exactly the module's trainable parameters" in whole_step_blocker(module, [part], [], Precision())
+
+    class Scaled(Precision):
+        scaler = torch.amp.GradScaler("cpu")
+
+    assert "gradient scaler" in whole_step_blocker(module, [sgd], [], Scaled())
