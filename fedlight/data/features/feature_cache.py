@@ -367,7 +367,8 @@ def fingerprint(backbone: nn.Module, image_shape: Sequence[int], client_indices:
     digest = hashlib.sha1()
     for name, tensor in backbone.state_dict().items():
         digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        # flattened first: a 0-d tensor (BatchNorm's num_batches_tracked) cannot be viewed as bytes
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     digest.update(repr((tuple(image_shape), dtype)).encode())
     for indices in client_indices:
         digest.update(indices.cpu().numpy().astype(np.int64).tobytes())

@@ -292,3 +292,13 @@ def test_a_real_small_disk_that_fills_up_is_an_error_not_a_crash(small_disk, mon
     (folder,) = small_disk.iterdir()
     assert MANIFEST not in {p.name for p in folder.iterdir()}
     assert not any(p.name.endswith(".tmp") for p in folder.iterdir())
+
+
+def test_fingerprint_takes_batch_norms_and_changes_with_their_running_statistics():
+    backbone = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4))  # holds a 0-d counter
+    indices = [torch.arange(3)]
+    before = feature_cache.fingerprint(backbone, (3, 8, 8), indices, "float16")
+    backbone[1].running_mean.add_(1.0)
+    assert feature_cache.fingerprint(backbone, (3, 8, 8), indices, "float16") != before
+    backbone[1].running_mean.sub_(1.0)
+    assert feature_cache.fingerprint(backbone, (3, 8, 8), indices, "float16") == before
