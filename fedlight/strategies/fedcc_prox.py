@@ -57,19 +57,21 @@ class FedCCProx(FedCC):
             sampling=sampling,
         )
         self.mu, self.branch = mu, branch
-        self._params: list[torch.Tensor] = []  # θ_N
         self._anchors: list[torch.Tensor] = []  # θ_N^t, as received
 
     def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
-        self._params = list(module.get_submodule(self.branch).parameters())
-        self._anchors = [p.detach().clone() for p in self._params]
+        self._anchors = [p.detach().clone() for p in module.get_submodule(self.branch).parameters()]
 
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.mu == 0:
             return outputs["loss"]
         assert self._anchors, "FedCCProx.training_loss ran outside a local fit"
-        return outputs["loss"] + 0.5 * self.mu * proximal_term(self._params, self._anchors)
+        params = list(module.get_submodule(self.branch).parameters())  # read at the call (see loss_is_traceable)
+        return outputs["loss"] + 0.5 * self.mu * proximal_term(params, self._anchors)
+
+    def loss_is_traceable(self) -> bool:
+        return True
 
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         super().on_client_fit_end(context, module, update)
-        self._params, self._anchors = [], []
+        self._anchors = []

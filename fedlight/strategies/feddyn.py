@@ -29,9 +29,11 @@ from fedlight.errors import ConfigError
 from fedlight.strategies.base import Strategy
 from fedlight.strategies.fedprox import proximal_term
 from fedlight.strategies.stateful_functional import (
+    current_parameters,
     feddyn_client_gradient,
     feddyn_server,
     linear_term,
+    parameter_names,
     parameter_views,
 )
 
@@ -68,8 +70,8 @@ class FedDyn(Strategy):
         self.h: torch.Tensor | None = None  # the server state h [P]; None before the run starts
         self._num_clients = 0  # m
         self._is_parameter: torch.Tensor | None = None  # [P] bool
-        # during a fit: the trainable parameters, −∇L_k(θ_k^{t−1}) on them, θ^{t−1} on them and whole
-        self._fit: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], torch.Tensor] | None = None
+        # during a fit: the trainable parameters' names, −∇L_k(θ_k^{t−1}) on them, θ^{t−1} on them and whole
+        self._fit: tuple[list[str], list[torch.Tensor], list[torch.Tensor], torch.Tensor] | None = None
 
     def on_fit_start(self, context: RunContext) -> None:
         self._num_clients = context.datamodule.num_clients
@@ -83,13 +85,17 @@ class FedDyn(Strategy):
         theta = context.layout.flatten(module)  # θ^{t−1}
         params, negated = parameter_views(module, context.layout, -context.client_state["gradient"])
         anchors = [p.detach().clone() for p in params]
-        self._fit = params, negated, anchors, theta
+        self._fit = parameter_names(module, context.layout), negated, anchors, theta
 
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         assert self._fit is not None, "FedDyn.training_loss ran outside a local fit"
-        params, negated, anchors, _ = self._fit
+        names, negated, anchors, _ = self._fit
+        params = current_parameters(module, names)
         regulariser = linear_term(params, negated) + 0.5 * self.alpha * proximal_term(params, anchors)
         return outputs["loss"] + regulariser
+
+    def loss_is_traceable(self) -> bool:
+        return True  # the parameters are read by name at the call
 
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         assert self._fit is not None, "FedDyn.on_client_fit_end ran outside a local fit"

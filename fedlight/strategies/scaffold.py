@@ -28,7 +28,9 @@ from fedlight.client_state import Slot
 from fedlight.errors import ConfigError
 from fedlight.strategies.base import Strategy
 from fedlight.strategies.stateful_functional import (
+    current_parameters,
     linear_term,
+    parameter_names,
     parameter_views,
     scaffold_control_variate,
     scaffold_server_control,
@@ -88,7 +90,8 @@ class SCAFFOLD(Strategy):
         self._lr: float | None = None  # η_l in use
         self._is_parameter: torch.Tensor | None = None  # [P] bool
         self._deltas: dict[int, torch.Tensor] = {}  # this process's Δc_k of the round
-        self._fit: tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor] | None = None  # params, c − c_k, x
+        # during a fit: the trainable parameters' names, c − c_k on them, x
+        self._fit: tuple[list[str], list[torch.Tensor], torch.Tensor] | None = None
 
     def check(self, module: LightningModule, datamodule: Any) -> list[str]:
         if self.local_lr is None and optimizer_lr(module) is None:
@@ -111,13 +114,16 @@ class SCAFFOLD(Strategy):
     def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
         x = context.layout.flatten(module)
         correction = self.control.to(x) - context.client_state["control"]  # c − c_k
-        params, views = parameter_views(module, context.layout, correction)
-        self._fit = params, views, x
+        _, views = parameter_views(module, context.layout, correction)
+        self._fit = parameter_names(module, context.layout), views, x
 
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         assert self._fit is not None, "SCAFFOLD.training_loss ran outside a local fit"
-        params, corrections, _ = self._fit
-        return outputs["loss"] + linear_term(params, corrections)
+        names, corrections, _ = self._fit
+        return outputs["loss"] + linear_term(current_parameters(module, names), corrections)
+
+    def loss_is_traceable(self) -> bool:
+        return True  # the parameters are read by name at the call
 
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         assert self._fit is not None and self._lr is not None, "SCAFFOLD.on_client_fit_end ran outside a local fit"

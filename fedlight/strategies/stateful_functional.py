@@ -15,14 +15,20 @@ from fedlight.state import FlatState
 
 
 class _LinearTerm(torch.autograd.Function):
-    """Σ_i ⟨d_i, p_i⟩ as one node, whose gradient with respect to p_i is d_i."""
+    """Σ_i ⟨d_i, p_i⟩ as one node, whose gradient with respect to p_i is d_i.
+
+    Its context is set up apart from its forward pass, as ``torch.func``'s transforms need.
+    """
 
     @staticmethod
-    def forward(ctx: Any, coefficients: Sequence[torch.Tensor], *params: torch.Tensor) -> torch.Tensor:
-        ctx.coefficients = coefficients
+    def forward(coefficients: Sequence[torch.Tensor], *params: torch.Tensor) -> torch.Tensor:
         return torch.stack(
             [torch.vdot(d.reshape(-1), p.reshape(-1)) for d, p in zip(coefficients, params, strict=True)]
         ).sum()
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+        ctx.coefficients = inputs[0]
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -43,7 +49,9 @@ def linear_term(params: Sequence[torch.Tensor], coefficients: Sequence[torch.Ten
     >>> term.item(), p.grad.tolist()
     (1.0, [3.0, -1.0])
     """
-    return _LinearTerm.apply(list(coefficients), *params)
+    # the run's states are fp32; under --trainer.precision=64-true the parameters are fp64
+    coefficients = [d if d.dtype == p.dtype else d.to(p.dtype) for d, p in zip(coefficients, params, strict=True)]
+    return _LinearTerm.apply(coefficients, *params)
 
 
 def scaffold_control_variate(
@@ -138,6 +146,25 @@ def feddyn_server(
     """
     h = h - alpha * (participants / num_clients) * (average - theta)
     return average - h / alpha, h
+
+
+def parameter_names(module: torch.nn.Module, layout: FlatState) -> list[str]:
+    """The names of the parameters :func:`parameter_views` returns, in its order.
+
+    A loss reads the parameters by these names at every call (:func:`current_parameters`), not as objects kept
+    from before the fit, so that a compiled whole step, which swaps copies into the module, differentiates it.
+
+    >>> parameter_names(torch.nn.Linear(2, 1), FlatState(torch.nn.Linear(2, 1)))
+    ['weight', 'bias']
+    """
+    named = dict(module.named_parameters())
+    return [e.name for e in layout.entries if e.name in named and named[e.name].requires_grad]
+
+
+def current_parameters(module: torch.nn.Module, names: Sequence[str]) -> list[torch.Tensor]:
+    """The module's parameters ``names``, as the module holds them at the call."""
+    named = dict(module.named_parameters())
+    return [named[name] for name in names]
 
 
 def parameter_views(

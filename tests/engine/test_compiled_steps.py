@@ -12,7 +12,7 @@ import torch
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
 from fedlight.engine.trainer import FederatedTrainer
-from fedlight.strategies import FedAvg, FedProx
+from fedlight.strategies import SCAFFOLD, FedAvg, FedDyn, FedProx
 from fedlight.testing import ClientImages
 
 FP64_ATOL = 1e-9
@@ -42,8 +42,8 @@ def run(model, strategy, precision, compile_steps, optimizer=sgd):
 
 @pytest.mark.parametrize(
     ("model", "strategy"),
-    [("mlp", FedAvg), ("cnn", lambda: FedProx(mu=0.5))],
-    ids=["mlp-fedavg", "cnn-fedprox"],
+    [("mlp", FedAvg), ("cnn", lambda: FedProx(mu=0.5)), ("mlp", SCAFFOLD), ("mlp", lambda: FedDyn(alpha=0.1))],
+    ids=["mlp-fedavg", "cnn-fedprox", "mlp-scaffold", "mlp-feddyn"],
 )
 def test_compiled_steps_train_as_the_eager_steps(model, strategy):
     eager = run(model, strategy(), "64-true", False)
