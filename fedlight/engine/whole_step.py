@@ -57,6 +57,8 @@ def whole_step_blocker(
         for option in ("maximize", "amsgrad", "differentiable"):
             if group.get(option):
                 return f"the optimizer sets {option}=True, which the whole step does not compute"
+    if len({bool(group.get("nesterov")) for group in optimizer.param_groups}) > 1:
+        return "the optimizer's parameter groups differ in nesterov"
     trainable = {id(p) for p in module.parameters() if p.requires_grad}
     optimized = [id(p) for group in optimizer.param_groups for p in group["params"]]
     if set(optimized) != trainable or len(optimized) != len(trainable):
@@ -151,11 +153,7 @@ class WholeStep:
             settings[name] = torch.tensor([float(v) for v in values], dtype=torch.float64, device=p.device)
         if adam:
             return "adam", settings
-        groups = optimizer.param_groups
-        momentum = any(g["momentum"] != 0 for g in groups)
-        return ("sgd-nesterov" if any(g["nesterov"] for g in groups) else "sgd-momentum" if momentum else "sgd"), (
-            settings
-        )
+        return ("sgd-nesterov" if optimizer.param_groups[0]["nesterov"] else "sgd"), settings
 
     def _fresh_slots(self, trainable: dict[str, torch.Tensor], rule: str) -> dict[str, list[torch.Tensor]]:
         """The optimizer state of a fresh optimizer: zeros, in buffers kept across the run's fits."""

@@ -114,6 +114,8 @@ def test_what_the_whole_step_does_not_compute_is_refused_with_the_reason():
     assert "RMSprop" in whole_step_blocker(module, [torch.optim.RMSprop(params)], [], Precision())
     assert "amsgrad" in whole_step_blocker(module, [torch.optim.Adam(params, amsgrad=True)], [], Precision())
     assert "maximize" in whole_step_blocker(module, [torch.optim.SGD(params, lr=0.1, maximize=True)], [], Precision())
+    mixed = torch.optim.SGD([{"params": params[:2], "nesterov": True, "momentum": 0.9}, {"params": params[2:]}], lr=0.1)
+    assert "differ in nesterov" in whole_step_blocker(module, [mixed], [], Precision())
     part = torch.optim.SGD(params[:2], lr=0.1)
     assert "exactly the module's trainable parameters" in whole_step_blocker(module, [part], [], Precision())
 
