@@ -4,7 +4,7 @@ Ranks train *different* clients, so nothing is wrapped in ``DistributedDataParal
 all-reduces would never pair up across ranks): each rank trains its share sequentially on one
 resident module, adds the resulting states into a local weighted sum, and one all-reduce of that flat
 buffer per round combines the ranks. With ``--trainer.start_method=fork`` the ranks are forked from the calling
-process, and rank 0 hands its outcome back to it (:func:`in_forked_processes`).
+process, and rank 0 hands its outcome back to it (:func:`in_forked_processes`, :class:`Ranks`).
 """
 
 from __future__ import annotations
@@ -156,6 +156,35 @@ def in_forked_processes(
     if "error" in handed:  # as the error would have come out of one process
         raise handed["error"] from None
     return handed
+
+
+class Ranks:
+    """Where a run's work runs on every rank: in this process (one process, or ``popen``, where this process is rank 0
+    and :meth:`launch` starts the others), or in processes forked from this one, which hand rank 0's outcome back."""
+
+    def __init__(self, fabric: Fabric) -> None:
+        self.fabric = fabric
+        self.forked = False  # true inside the processes that start_method=fork created
+
+    def launch(self) -> None:
+        """Starts the other processes of a ``popen`` or multi-node run (forked processes were started already)."""
+        if not self.forked:
+            self.fabric.launch()
+
+    def run(
+        self, work: Callable[[], Any], outcome: Callable[[Any], dict[str, Any]]
+    ) -> tuple[Any, dict[str, Any] | None]:
+        """``work()`` on every rank, and where the ranks were forked from this process, rank 0's ``outcome`` of it
+        for this process to take over (None otherwise)."""
+        if not forks(self.fabric) or self.forked:
+            return work(), None
+
+        def forked() -> Any:
+            self.forked = True
+            return work()
+
+        handed = in_forked_processes(self.fabric, forked, outcome)
+        return handed["result"], handed
 
 
 def resolve_threads(threads: int | Literal["auto"], device: torch.device) -> int | None:
