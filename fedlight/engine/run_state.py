@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from fedlight.data.datamodule import FederatedDataModule
     from fedlight.engine.model import GlobalModel
     from fedlight.engine.rundir import RunFolder
+    from fedlight.engine.setup import RunInputs
     from fedlight.engine.stopping import StopRequest
     from fedlight.errors import RunInterrupted
     from fedlight.plans import ClientPlan
@@ -63,36 +64,29 @@ class RunProgress:
 
 
 def run_state(
+    inputs: RunInputs,
+    progress: RunProgress,
     *,
-    round_done: int,
     seed: int,
-    model: GlobalModel,
-    strategy: Strategy,
     callbacks: list[Any],
-    history: list[dict[str, float]],
-    wandb_id: str,
     tracker_runs: list[dict[str, Any] | None],
-    datamodule: FederatedDataModule,
-    data_fingerprint: dict[str, str] | None,
-    config: dict[str, Any] | None,
-    run_dir: Path | None,
 ) -> dict[str, Any]:
-    """The checkpoint of a run that has done ``round_done`` rounds."""
+    """The checkpoint of a run that has done ``progress.round`` rounds."""
     return {
         "format": ckpt_io.FORMAT,
-        "round": round_done,
+        "round": progress.round,
         "seed": seed,
-        **model.state_dict(),
-        "strategy": {"class": type(strategy).__qualname__, "state": strategy.state_dict()},
+        **inputs.model.state_dict(),
+        "strategy": {"class": type(inputs.strategy).__qualname__, "state": inputs.strategy.state_dict()},
         "callbacks": [callback.state_dict() for callback in callbacks],
         "torch_rng": torch.get_rng_state(),
-        "history": history,
-        "wandb_id": wandb_id,
+        "history": progress.history,
+        "wandb_id": progress.wandb_id,
         "tracker_runs": tracker_runs,
-        "num_samples": datamodule.num_samples.tolist(),
-        "data_fingerprint": data_fingerprint,
-        "config": config,
-        "run_dir": None if run_dir is None else str(run_dir.resolve()),
+        "num_samples": inputs.datamodule.num_samples.tolist(),
+        "data_fingerprint": inputs.data_fingerprint,
+        "config": inputs.described,
+        "run_dir": None if progress.run_dir is None else str(progress.run_dir.resolve()),
     }
 
 

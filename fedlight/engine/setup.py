@@ -1,10 +1,10 @@
 """Set-up: the trainer's settings, checks and preparation of a run's data and checkpoint, and the pieces of a run.
 
 What a run needs from outside (the data, ``--trainer.init_from``, ``--ckpt_path``) is looked at here, so that a
-bad value stops the run with one message before anything is written. A set-up run is three objects, each built
-from narrow inputs: :class:`RunInputs` (what the run is made of), :class:`RunPieces` (the engine's pieces that
-run its rounds) and :class:`~fedlight.engine.run_state.RunProgress` (where it stands, from
-:func:`start_progress`).
+bad value stops the run with one message before anything is written. :class:`RunSetup` sets up each run of a
+trainer as three objects, each built from narrow inputs: :class:`RunInputs` (what the run is made of),
+:class:`RunPieces` (the engine's pieces that run its rounds) and :class:`~fedlight.engine.run_state.RunProgress`
+(where it stands, from :func:`start_progress`).
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from fedlight.engine.console import RunConsole, counted
 from fedlight.engine.evaluation import Evaluator
 from fedlight.engine.fits import RoundFits
 from fedlight.engine.guards import FailureGuards
-from fedlight.engine.launch import missing_launcher
+from fedlight.engine.launch import Ranks, missing_launcher, resolve_threads
 from fedlight.engine.local_fit import LocalTraining
 from fedlight.engine.loggers import RunLoggers, wandb_login_problems
 from fedlight.engine.model import GlobalModel, prepare_module
 from fedlight.engine.personal import PersonalEvaluator
-from fedlight.engine.run_state import RunProgress, check_checkpoint
+from fedlight.engine.run_state import RunProgress, check_checkpoint, python_config
 from fedlight.engine.rundir import RunFolder, check_root, recorded_run_dir
 from fedlight.errors import ConfigError
 from fedlight.state import FlatState
@@ -290,5 +290,100 @@ def start_progress(
     progress.wandb_id = fabric.broadcast(progress.wandb_id)
     if loggers is not None:
         recorded = None if state is None else state.get("tracker_runs")
-        loggers.start(progress.run_dir, inputs.config, progress.history, progress.wandb_id, recorded)
+        try:
+            loggers.start(progress.run_dir, inputs.config, progress.history, progress.wandb_id, recorded)
+        except BaseException:
+            folder.release()  # the caller never gets the progress that holds it
+            raise
     return progress
+
+
+def adopted(
+    outcome: dict[str, Any],
+    model: FederatedClient,
+    datamodule: FederatedDataModule,
+    strategy: Strategy,
+    callbacks: list[Any],
+) -> tuple[RunInputs, RunProgress]:
+    """Rank 0's outcome of forked processes, taken over by the process that forked them: W^T in ``model``, the
+    history, the strategy's and callbacks' states, as if the rounds had run here."""
+    state = outcome["state"]
+    inputs = RunInputs.adopted(model, datamodule, strategy, state)
+    progress = RunProgress(run_dir=outcome["run_dir"], interrupted=outcome["interrupted"])
+    progress.load(state, model=inputs.model, strategy=strategy, callbacks=callbacks)
+    inputs.model.load()
+    return inputs, progress
+
+
+class RunSetup:
+    """Sets up the runs of one trainer: starts its processes, then builds each run's inputs, pieces and progress.
+
+    Args:
+        arguments: the trainer's arguments as given (``init_from``, ``rewind`` and ``threads`` are read here, and
+            all of them describe a run started from Python in its checkpoints).
+        settings: the trainer's settings.
+        seed: the run's seed.
+        fabric: the processes and the device.
+        streams: the random streams of the seed.
+        callbacks: the round callbacks.
+        context: what the rule's and callbacks' hooks see of the run.
+    """
+
+    def __init__(
+        self,
+        arguments: dict[str, Any],
+        settings: TrainerSettings,
+        seed: int,
+        fabric: Fabric,
+        streams: RandomStreams,
+        callbacks: list[Any],
+        context: RunContext,
+    ) -> None:
+        self.arguments, self.settings, self.seed = arguments, settings, seed
+        self.fabric, self.streams, self.callbacks, self.context = fabric, streams, callbacks, context
+        self.init_from = None if arguments["init_from"] is None else Path(arguments["init_from"])
+        self.ranks = Ranks(fabric)
+        #: intra-op threads of each process (None: torch's default)
+        self.num_threads = resolve_threads(arguments["threads"], fabric.device)
+        if self.num_threads is not None:  # the data and the model are built in this process next
+            torch.set_num_threads(self.num_threads)
+
+    def __call__(
+        self,
+        model: FederatedClient,
+        datamodule: FederatedDataModule,
+        strategy: Strategy,
+        ckpt_path: str | Path | None,
+        config: dict[str, Any] | None,
+        *,
+        console: RunConsole,
+        run_dir: Callable[[], Path | None],
+        logging: bool = True,
+        evaluating: bool = False,
+    ) -> tuple[RunInputs, RunPieces, RunProgress]:
+        """A run (continuing ``ckpt_path`` if given): what it is made of, its pieces and where it stands, in its
+        folder. ``run_dir`` gives the folder of the progress returned; ``logging`` false writes no folder (the
+        one of ``ckpt_path`` is read), and ``evaluating`` runs neither rule nor callbacks. Its ConfigErrors are
+        found by every process alike, and reported by the first."""
+        fabric, settings = self.fabric, self.settings
+        try:
+            check_init_from(self.init_from, ckpt_path)
+            self.ranks.launch()
+            if self.num_threads is not None:  # after the launcher, which gives each process a share of the cores
+                torch.set_num_threads(self.num_threads)
+            inputs = RunInputs.prepared(
+                model, datamodule, strategy, config,
+                lambda: python_config(self.arguments, self.seed, model, datamodule, strategy),
+                fabric=fabric, settings=settings, callbacks=self.callbacks, init_from=self.init_from,
+                resuming=ckpt_path is not None, evaluating=evaluating,
+            )  # fmt: skip
+            pieces = RunPieces(inputs, self.context, fabric, self.streams, settings, console, run_dir, evaluating)
+            progress = start_progress(
+                inputs, self.callbacks, fabric, self.seed, ckpt_path, rounds=settings.loop.rounds,
+                folder=RunFolder(settings.logging.default_root_dir / settings.logging.name, self.arguments["rewind"]),
+                loggers=pieces.loggers if logging else None, evaluating=evaluating,
+            )  # fmt: skip
+        except ConfigError as err:
+            err.every_process = True
+            raise
+        return inputs, pieces, progress

@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 from lightning.fabric import Fabric
 from lightning.fabric.loggers import Logger
 
@@ -40,15 +39,14 @@ from fedlight.engine.evaluation import score_only
 from fedlight.engine.fits import round_counts
 from fedlight.engine.guards import RoundAbandoned, disk_full
 from fedlight.engine.hooks import Failure, call_callbacks, callback_error
-from fedlight.engine.launch import ClientParallelStrategy, Ranks, resolve_threads
+from fedlight.engine.launch import ClientParallelStrategy
 from fedlight.engine.local_fit import all_finite
-from fedlight.engine.run_state import RunProgress, python_config, run_state
-from fedlight.engine.rundir import RunFolder
-from fedlight.engine.setup import RunInputs, RunPieces, check_init_from, start_progress, trainer_settings
-from fedlight.engine.stopping import StopRequest, round_start, serialised, stopped_at_once
+from fedlight.engine.run_state import RunProgress, run_state
+from fedlight.engine.setup import RunInputs, RunPieces, RunSetup, adopted, trainer_settings
+from fedlight.engine.stopping import StopRequest, drop_round, serialised, stopped_at_once
 from fedlight.engine.streams import RandomStreams
 from fedlight.engine.view import RunView
-from fedlight.errors import ConfigError, RunInterrupted
+from fedlight.errors import RunInterrupted
 from fedlight.metrics.scalars import scalar_metrics
 from fedlight.plans import ClientPlan
 from fedlight.strategies.base import Strategy
@@ -218,8 +216,6 @@ class FederatedTrainer(RunView):
         self.init_args = {name: value for name, value in locals().items() if name != "self"}
         #: the settings, grouped by the piece of the engine that reads them
         self.settings = trainer_settings(self.init_args)
-        self.init_from = None if init_from is None else Path(init_from)
-        self.rewind = rewind
         # The command line seeds everything before instantiating anything; PL_GLOBAL_SEED is that seed.
         self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         self.streams = RandomStreams(self.seed)
@@ -230,13 +226,11 @@ class FederatedTrainer(RunView):
             accelerator=accelerator, devices=devices, num_nodes=num_nodes, precision=precision,
             strategy=parallel or "auto", callbacks=callbacks,
         )  # fmt: skip
-        self.ranks = Ranks(self.fabric)
-        #: intra-op threads of each process (None: torch's default)
-        self.num_threads = resolve_threads(threads, self.fabric.device)
-        if self.num_threads is not None:  # the data and the model are built in this process next
-            torch.set_num_threads(self.num_threads)
         self.callbacks = list(callbacks or [])
         self.context = RunContext(self)
+        self.run_setup = RunSetup(
+            self.init_args, self.settings, self.seed, self.fabric, self.streams, self.callbacks, self.context
+        )
         self.console = RunConsole(enabled=False, progress_bar=False)  # fit sets up the run's own
         self.inputs: RunInputs | None = None  # what the run is made of, once set up
         self.pieces: RunPieces | None = None  # the engine's pieces that run its rounds
@@ -357,8 +351,11 @@ class FederatedTrainer(RunView):
                 raise self._callback_failure(failure, metrics, progress.round - first)
             try:
                 metrics = {"round": float(round_idx + 1), **self._run_round(round_idx)}  # counted from 1
-            except RoundAbandoned:
-                return self._abandon(round_idx, start_state, metrics, first)
+            except RoundAbandoned:  # a stop request met between the round's clients
+                progress.interrupted = drop_round(round_idx, start_state, progress, self.inputs, self.callbacks, fabric)
+                console.end(metrics, progress.run_dir, round_idx - first)
+                self.run_loggers.finish()
+                return metrics
             if settings.evaluates_after(round_idx):
                 sample = self.evaluator.sample(round_idx, self.rounds)  # None: every client's split
                 metrics.update(self.evaluator.evaluate(clients=True, test=True, sample=sample))
@@ -422,7 +419,7 @@ class FederatedTrainer(RunView):
             for c, e, s in zip(clients, epochs, stragglers, strict=True)
         ]
 
-    # -- the console, callback failures and stops ------------------------------------------------------
+    # -- the console and callback failures ------------------------------------------------------------
     def _start_console(self) -> RunConsole:
         """The run's console, with its start line; the local fits show their clients' bar on it."""
         settings = self.settings.loop
@@ -440,26 +437,7 @@ class FederatedTrainer(RunView):
         """Ends the run whose callback raised (loggers closed, summary printed) after its rounds were saved."""
         self.run_loggers.finish()
         self.console.end(metrics, self.run_dir, rounds_run)
-        last = (self.run_dir / "checkpoints" / ckpt_io.LAST).absolute() if self.run_dir is not None else None
-        return callback_error(failure, last)
-
-    def _abandon(self, round_idx: int, start_state: bytes | None, metrics: dict[str, float], first: int):
-        """Ends the run in round ``round_idx`` after a stop request met between its clients: the partial round is
-        dropped, nothing of it is aggregated, and ``last.ckpt`` holds the state the round started from, which
-        this process takes back, so that a resume repeats the round exactly."""
-        progress, path = self.progress, self.run_dir / "checkpoints" / ckpt_io.LAST
-        if self.fabric.global_rank == 0:
-            state = round_start(start_state, path)
-            progress.load(state, model=self.model, strategy=self.strategy, callbacks=self.callbacks)
-            if self.model.bank.num_clusters and state["bank"] is not None:
-                self.model.bank.load_state_dict(state["bank"])
-        self.fabric.barrier()
-        progress.round = progress.saved_round = round_idx
-        self.console.end(metrics, self.run_dir, round_idx - first)
-        self.run_loggers.finish()
-        name = progress.stop.requested or "SIGTERM"  # no name here: another process received the signal
-        progress.interrupted = RunInterrupted(name, path.absolute(), round_idx, saved=True, dropped=True)
-        return metrics
+        return callback_error(failure, self.run_dir)
 
     # -- evaluation only, processes and set-up ---------------------------------------------------------
     def _evaluate_only(self, model, datamodule, strategy, ckpt_path, config, clients: bool) -> dict[str, float]:
@@ -471,59 +449,24 @@ class FederatedTrainer(RunView):
         )  # fmt: skip
 
     def _in_processes(self, work, model, datamodule, strategy, *args, **kwargs) -> dict[str, float]:
-        """Runs ``work`` on every rank (:class:`~fedlight.engine.launch.Ranks`). Where the ranks were forked, this
-        process takes over rank 0's outcome: W^T in ``model``, the history, the strategy's and callbacks' states,
-        as if the rounds had run here."""
+        """Runs ``work`` on every rank (:class:`~fedlight.engine.launch.Ranks`); where the ranks were forked, this
+        process takes over rank 0's outcome, as if the rounds had run here."""
 
         def outcome(result: dict[str, float]) -> dict[str, Any]:
             progress = self.progress
             return {"result": result, "state": self._run_state(), "run_dir": progress.run_dir,
                     "interrupted": progress.interrupted}  # fmt: skip
 
-        result, handed = self.ranks.run(lambda: work(model, datamodule, strategy, *args, **kwargs), outcome)
+        result, handed = self.run_setup.ranks.run(lambda: work(model, datamodule, strategy, *args, **kwargs), outcome)
         if handed is not None:
-            state = handed["state"]
-            self.inputs = RunInputs.adopted(model, datamodule, strategy, state)
-            self.progress = RunProgress(run_dir=handed["run_dir"], interrupted=handed["interrupted"])
-            self.progress.load(state, model=self.inputs.model, strategy=strategy, callbacks=self.callbacks)
-            self.inputs.model.load()
+            self.inputs, self.progress = adopted(handed, model, datamodule, strategy, self.callbacks)
         return result
 
-    def _setup(
-        self,
-        model: FederatedClient,
-        datamodule: FederatedDataModule,
-        strategy: Strategy,
-        ckpt_path: str | Path | None,
-        config: dict[str, Any] | None,
-        logging: bool = True,
-        evaluating: bool = False,
-    ) -> None:
-        """Sets up the run (continuing ``ckpt_path`` if given): what it is made of, its pieces, where it stands and
-        its folder. Its ConfigErrors are found by every process alike, and reported by the first."""
-        try:
-            check_init_from(self.init_from, ckpt_path)
-            self.ranks.launch()
-            if self.num_threads is not None:  # after the launcher, which gives each process a share of the cores
-                torch.set_num_threads(self.num_threads)
-            self.inputs = RunInputs.prepared(
-                model, datamodule, strategy, config,
-                lambda: python_config(self.init_args, self.seed, model, datamodule, strategy),
-                fabric=self.fabric, settings=self.settings, callbacks=self.callbacks, init_from=self.init_from,
-                resuming=ckpt_path is not None, evaluating=evaluating,
-            )  # fmt: skip
-            self.pieces = RunPieces(
-                self.inputs, self.context, self.fabric, self.streams, self.settings, self.console,
-                lambda: self.progress.run_dir, evaluating,
-            )  # fmt: skip
-            self.progress = start_progress(
-                self.inputs, self.callbacks, self.fabric, self.seed, ckpt_path, rounds=self.rounds,
-                folder=RunFolder(self.logging.default_root_dir / self.name, self.rewind),
-                loggers=self.run_loggers if logging else None, evaluating=evaluating,
-            )  # fmt: skip
-        except ConfigError as err:
-            err.every_process = True
-            raise
+    def _setup(self, *args: Any, logging: bool = True, evaluating: bool = False) -> None:
+        """Sets up the run of ``(model, datamodule, strategy, ckpt_path, config)`` (:class:`RunSetup`)."""
+        self.inputs, self.pieces, self.progress = self.run_setup(
+            *args, console=self.console, run_dir=lambda: self.progress.run_dir, logging=logging, evaluating=evaluating
+        )
 
     # -- checkpoints and logs ----------------------------------------------------------------------------
     def save_checkpoint(self, path: str | Path) -> None:
@@ -535,13 +478,10 @@ class FederatedTrainer(RunView):
         self.fabric.barrier()
 
     def _run_state(self) -> dict[str, Any]:
-        inputs, progress = self.inputs, self.progress
+        tracker_runs = self.run_loggers.tracker_runs()
         return run_state(
-            round_done=progress.round, seed=self.seed, model=inputs.model, strategy=inputs.strategy,
-            callbacks=self.callbacks, history=progress.history, wandb_id=progress.wandb_id,
-            tracker_runs=self.run_loggers.tracker_runs(), datamodule=inputs.datamodule,
-            data_fingerprint=inputs.data_fingerprint, config=inputs.described, run_dir=progress.run_dir,
-        )  # fmt: skip
+            self.inputs, self.progress, seed=self.seed, callbacks=self.callbacks, tracker_runs=tracker_runs
+        )
 
     def _log(self, metrics: dict[str, Any]) -> dict[str, float]:
         """Logs one round; returns its scalar metrics, which the history, CSV and checkpoints keep."""
