@@ -24,6 +24,7 @@ from lightning.fabric.strategies import DDPStrategy
 from lightning.fabric.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from torch.distributed.constants import default_pg_timeout
 
+from fedlight.engine.config import ProcessSettings
 from fedlight.engine.stopping import StopRequest
 from fedlight.errors import ConfigError
 
@@ -71,6 +72,19 @@ class ClientParallelStrategy(DDPStrategy):
         if torch.distributed.is_initialized():  # the rounds' collectives wait as long as PyTorch's default
             set_timeout = getattr(torch.distributed, "set_timeout", None)  # public in newer torch, private before
             (set_timeout or torch.distributed.distributed_c10d._set_pg_timeout)(default_pg_timeout)
+
+
+def run_fabric(settings: ProcessSettings, callbacks: list[Any] | None) -> Fabric:
+    """The Fabric of ``settings``: one process, or the processes of :class:`ClientParallelStrategy`."""
+    parallel = None
+    if settings.devices * settings.num_nodes > 1:
+        parallel = ClientParallelStrategy(
+            start_method=settings.start_method, rendezvous_timeout=settings.rendezvous_timeout
+        )
+    return Fabric(
+        accelerator=settings.accelerator, devices=settings.devices, num_nodes=settings.num_nodes,
+        precision=settings.precision, strategy=parallel or "auto", callbacks=callbacks,
+    )  # fmt: skip
 
 
 def missing_launcher(num_nodes: int, devices: int, environ: Mapping[str, str] = os.environ) -> list[str]:

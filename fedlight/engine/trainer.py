@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from lightning.fabric import Fabric
 from lightning.fabric.loggers import Logger
 
 from fedlight import checkpoint as ckpt_io
@@ -39,7 +38,7 @@ from fedlight.engine.evaluation import score_only
 from fedlight.engine.fits import round_counts
 from fedlight.engine.guards import RoundAbandoned, disk_full
 from fedlight.engine.hooks import Failure, call_callbacks, callback_error
-from fedlight.engine.launch import ClientParallelStrategy
+from fedlight.engine.launch import run_fabric
 from fedlight.engine.local_fit import all_finite
 from fedlight.engine.run_state import RunProgress, run_state
 from fedlight.engine.setup import RunInputs, RunPieces, RunSetup, adopted, trainer_settings
@@ -219,13 +218,7 @@ class FederatedTrainer(RunView):
         # The command line seeds everything before instantiating anything; PL_GLOBAL_SEED is that seed.
         self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         self.streams = RandomStreams(self.seed)
-        parallel = None
-        if devices * num_nodes > 1:
-            parallel = ClientParallelStrategy(start_method=start_method, rendezvous_timeout=rendezvous_timeout)
-        self.fabric = Fabric(
-            accelerator=accelerator, devices=devices, num_nodes=num_nodes, precision=precision,
-            strategy=parallel or "auto", callbacks=callbacks,
-        )  # fmt: skip
+        self.fabric = run_fabric(self.settings.processes, callbacks)
         self.callbacks = list(callbacks or [])
         self.context = RunContext(self)
         self.run_setup = RunSetup(
