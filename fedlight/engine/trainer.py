@@ -12,10 +12,11 @@ One round::
     checkpoint every ``checkpoint_every`` rounds, at the end and when SIGINT/SIGTERM asked to stop, atomically
 
 The trainer keeps the signature and the loop; each concern is a piece of :mod:`fedlight.engine` that owns its
-state and receives only what it needs: the local fits (:mod:`~fedlight.engine.fits`,
-:mod:`~fedlight.engine.local_fit`, :mod:`~fedlight.engine.batched`), aggregation, evaluation, the run state in a
-checkpoint, failure guards, processes, the run folder, the console and the loggers. Strategies and round
-callbacks see the run through a :class:`~fedlight.context.RunContext`, passed as their hooks' first argument.
+state and receives only what it needs: the set-up of a run (:mod:`~fedlight.engine.setup`: its inputs, pieces
+and progress), the local fits (:mod:`~fedlight.engine.fits`, :mod:`~fedlight.engine.local_fit`,
+:mod:`~fedlight.engine.batched`), aggregation, evaluation, the run state in a checkpoint, failure guards,
+processes, the run folder, the console and the loggers. Strategies and round callbacks see the run through a
+:class:`~fedlight.context.RunContext`, passed as their hooks' first argument.
 """
 
 from __future__ import annotations
