@@ -2,6 +2,8 @@
 
 =====================  ==========================================================================
 ``trainer``            ``FederatedTrainer``: the signature, the entry points and the round loop
+``setup``              the settings, checks and set-up of a run: its inputs, pieces and progress
+``view``               what a script reads of a run through the trainer
 ``config``             the trainer's settings, grouped by the piece that reads them
 ``model``              the resident client module and the global model W^t (its bank)
 ``fits``               a round's local fits on this process, streamed into the round's sums
@@ -10,13 +12,13 @@
 ``aggregation``        W^{t+1} from the streamed sums or the gathered states
 ``evaluation``         the global model on the held-out splits and the test set
 ``guards``             failed, non-finite and outsized clients; a diverged global model
-``run_state``          what a checkpoint holds, and whether it belongs to the run
+``run_state``          where a run stands; what a checkpoint holds, and whether it belongs to the run
 ``streams``            the random streams derived from the seed
 ``hooks``              round callbacks as the loop calls them
-``launch``             processes: starting them, assigning clients, threads
+``launch``             processes: starting or forking them, assigning clients, threads
 ``rundir``             the run folder, its lock and leftovers
 ``console``, ``loggers``  what a run prints; metrics.csv and W&B
-``stopping``           SIGINT/SIGTERM: stop with a checkpoint
+``stopping``           SIGINT/SIGTERM: stop with a checkpoint, or drop the round in progress
 =====================  ==========================================================================
 
 Rules, clients and callbacks never import from here: what they see of a run is :mod:`fedlight.context`.

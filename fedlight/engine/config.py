@@ -237,3 +237,20 @@ class LoggingSettings:
     wandb_tags: list[str] | None
     wandb_notes: str | None
     enable_progress_bar: bool
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """Every group of settings of one trainer, as :func:`fedlight.engine.setup.trainer_settings` builds them."""
+
+    loop: RoundSettings
+    processes: ProcessSettings
+    evaluation: EvaluationSettings
+    batching: BatchingSettings
+    guards: GuardSettings
+    logging: LoggingSettings
+
+    def problems(self) -> list[str]:
+        """Every bad value of every group, in the order of the groups."""
+        groups = (self.loop, self.evaluation, self.processes, self.batching, self.guards)
+        return [problem for group in groups for problem in group.problems()]

@@ -9,6 +9,7 @@ aggregate with a warning. A global model that becomes non-finite stops the run, 
 
 from __future__ import annotations
 
+import errno
 import math
 import traceback
 import warnings
@@ -143,3 +144,17 @@ class FailureGuards:
             f"aggregation; the run stopped and {kept} with a lower learning rate (--model.init_args.optimizer) or a "
             "lower --trainer.max_update_ratio."
         )
+
+
+def disk_full(err: OSError, run_dir: Path | None) -> ConfigError | None:
+    """The error that replaces an ``OSError`` of a full disk or quota while the run wrote its files in ``run_dir``,
+    saying whether its last checkpoint is intact to resume from; None for other errors."""
+    if err.errno not in (errno.ENOSPC, errno.EDQUOT) or run_dir is None:
+        return None
+    last = run_dir / "checkpoints" / ckpt_io.LAST
+    advice = (
+        f"the last checkpoint is intact: free space and resume with --ckpt_path {last}"
+        if last.is_file()
+        else "no checkpoint was written yet: free space and start again"
+    )
+    return ConfigError(f"No space left on the disk while writing the run's files in {run_dir}; {advice}.")

@@ -25,10 +25,11 @@ def call_callbacks(callbacks: list[RoundCallback], hook: str, *args: Any) -> Fai
     return None
 
 
-def callback_error(failure: Failure, checkpoint: Path | None) -> Exception:
-    """The error that ends a run after ``failure``, naming the callback and the checkpoint to resume from (a
-    :class:`ConfigError` stays one, with the checkpoint added)."""
+def callback_error(failure: Failure, run_dir: Path | None) -> Exception:
+    """The error that ends a run after ``failure``, naming the callback and the checkpoint of ``run_dir`` to resume
+    from (a :class:`ConfigError` stays one, with the checkpoint added)."""
     callback, hook, err = failure
+    checkpoint = (run_dir / "checkpoints" / ckpt_io.LAST).absolute() if run_dir is not None else None
     saved = ckpt_io.saved_round(checkpoint) if checkpoint is not None and checkpoint.is_file() else None
     if isinstance(err, ConfigError):
         error = ConfigError(*err.problems, f"({type(callback).__name__}: {saved_rounds(checkpoint, saved)}.)")

@@ -4,7 +4,7 @@ Ranks train *different* clients, so nothing is wrapped in ``DistributedDataParal
 all-reduces would never pair up across ranks): each rank trains its share sequentially on one
 resident module, adds the resulting states into a local weighted sum, and one all-reduce of that flat
 buffer per round combines the ranks. With ``--trainer.start_method=fork`` the ranks are forked from the calling
-process, and rank 0 hands its outcome back to it (:func:`in_forked_processes`).
+process, and rank 0 hands its outcome back to it (:func:`in_forked_processes`, :class:`Ranks`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from lightning.fabric.strategies import DDPStrategy
 from lightning.fabric.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from torch.distributed.constants import default_pg_timeout
 
+from fedlight.engine.config import ProcessSettings
 from fedlight.engine.stopping import StopRequest
 from fedlight.errors import ConfigError
 
@@ -71,6 +72,19 @@ class ClientParallelStrategy(DDPStrategy):
         if torch.distributed.is_initialized():  # the rounds' collectives wait as long as PyTorch's default
             set_timeout = getattr(torch.distributed, "set_timeout", None)  # public in newer torch, private before
             (set_timeout or torch.distributed.distributed_c10d._set_pg_timeout)(default_pg_timeout)
+
+
+def run_fabric(settings: ProcessSettings, callbacks: list[Any] | None) -> Fabric:
+    """The Fabric of ``settings``: one process, or the processes of :class:`ClientParallelStrategy`."""
+    parallel = None
+    if settings.devices * settings.num_nodes > 1:
+        parallel = ClientParallelStrategy(
+            start_method=settings.start_method, rendezvous_timeout=settings.rendezvous_timeout
+        )
+    return Fabric(
+        accelerator=settings.accelerator, devices=settings.devices, num_nodes=settings.num_nodes,
+        precision=settings.precision, strategy=parallel or "auto", callbacks=callbacks,
+    )  # fmt: skip
 
 
 def missing_launcher(num_nodes: int, devices: int, environ: Mapping[str, str] = os.environ) -> list[str]:
@@ -156,6 +170,35 @@ def in_forked_processes(
     if "error" in handed:  # as the error would have come out of one process
         raise handed["error"] from None
     return handed
+
+
+class Ranks:
+    """Where a run's work runs on every rank: in this process (one process, or ``popen``, where this process is rank 0
+    and :meth:`launch` starts the others), or in processes forked from this one, which hand rank 0's outcome back."""
+
+    def __init__(self, fabric: Fabric) -> None:
+        self.fabric = fabric
+        self.forked = False  # true inside the processes that start_method=fork created
+
+    def launch(self) -> None:
+        """Starts the other processes of a ``popen`` or multi-node run (forked processes were started already)."""
+        if not self.forked:
+            self.fabric.launch()
+
+    def run(
+        self, work: Callable[[], Any], outcome: Callable[[Any], dict[str, Any]]
+    ) -> tuple[Any, dict[str, Any] | None]:
+        """``work()`` on every rank, and where the ranks were forked from this process, rank 0's ``outcome`` of it
+        for this process to take over (None otherwise)."""
+        if not forks(self.fabric) or self.forked:
+            return work(), None
+
+        def forked() -> Any:
+            self.forked = True
+            return work()
+
+        handed = in_forked_processes(self.fabric, forked, outcome)
+        return handed["result"], handed
 
 
 def resolve_threads(threads: int | Literal["auto"], device: torch.device) -> int | None:

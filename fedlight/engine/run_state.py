@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,40 +23,70 @@ from fedlight.errors import ConfigError
 if TYPE_CHECKING:
     from fedlight.data.datamodule import FederatedDataModule
     from fedlight.engine.model import GlobalModel
+    from fedlight.engine.rundir import RunFolder
+    from fedlight.engine.setup import RunInputs
+    from fedlight.engine.stopping import StopRequest
+    from fedlight.errors import RunInterrupted
+    from fedlight.plans import ClientPlan
     from fedlight.strategies.base import Strategy
 
 
+@dataclass
+class RunProgress:
+    """Where a run stands; rank 0's is what a checkpoint keeps with the model and the states."""
+
+    #: rounds done; the round in progress while one runs
+    round: int = 0
+    #: every round's scalar metrics
+    history: list[dict[str, float]] = field(default_factory=list)
+    #: the round's clients, for hooks that look at K^t (e.g. MMD over K^t)
+    plans: list[ClientPlan] = field(default_factory=list)
+    #: the run folder, once claimed (None for a run that writes none)
+    run_dir: Path | None = None
+    wandb_id: str | None = None
+    #: ``trainer.rounds`` of the checkpoint that was loaded, if it says
+    planned_rounds: int | None = None
+    #: the round that ``checkpoints/last.ckpt`` holds, once this run wrote it
+    saved_round: int | None = None
+    #: the lock on the run folder (rank 0), released when the run ends
+    folder: RunFolder | None = None
+    #: the run's stop request, looked at between clients
+    stop: StopRequest | None = None
+    #: how a stop request ended the run, raised once its processes are done
+    interrupted: RunInterrupted | None = None
+
+    def load(self, state: dict[str, Any], *, model: GlobalModel, strategy: Strategy, callbacks: list[Any]) -> None:
+        """Loads a checkpoint into the model, the strategy, the callbacks and torch's generator
+        (:func:`load_run_state`), and takes its round, history and W&B run id."""
+        self.round, self.history, self.wandb_id = load_run_state(
+            state, model=model, strategy=strategy, callbacks=callbacks
+        )
+
+
 def run_state(
+    inputs: RunInputs,
+    progress: RunProgress,
     *,
-    round_done: int,
     seed: int,
-    model: GlobalModel,
-    strategy: Strategy,
     callbacks: list[Any],
-    history: list[dict[str, float]],
-    wandb_id: str,
     tracker_runs: list[dict[str, Any] | None],
-    datamodule: FederatedDataModule,
-    data_fingerprint: dict[str, str] | None,
-    config: dict[str, Any] | None,
-    run_dir: Path | None,
 ) -> dict[str, Any]:
-    """The checkpoint of a run that has done ``round_done`` rounds."""
+    """The checkpoint of a run that has done ``progress.round`` rounds."""
     return {
         "format": ckpt_io.FORMAT,
-        "round": round_done,
+        "round": progress.round,
         "seed": seed,
-        **model.state_dict(),
-        "strategy": {"class": type(strategy).__qualname__, "state": strategy.state_dict()},
+        **inputs.model.state_dict(),
+        "strategy": {"class": type(inputs.strategy).__qualname__, "state": inputs.strategy.state_dict()},
         "callbacks": [callback.state_dict() for callback in callbacks],
         "torch_rng": torch.get_rng_state(),
-        "history": history,
-        "wandb_id": wandb_id,
+        "history": progress.history,
+        "wandb_id": progress.wandb_id,
         "tracker_runs": tracker_runs,
-        "num_samples": datamodule.num_samples.tolist(),
-        "data_fingerprint": data_fingerprint,
-        "config": config,
-        "run_dir": None if run_dir is None else str(run_dir.resolve()),
+        "num_samples": inputs.datamodule.num_samples.tolist(),
+        "data_fingerprint": inputs.data_fingerprint,
+        "config": inputs.described,
+        "run_dir": None if progress.run_dir is None else str(progress.run_dir.resolve()),
     }
 
 

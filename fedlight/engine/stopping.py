@@ -10,11 +10,24 @@ checkpoint. SIGTERM is what schedulers (SLURM, Kubernetes) send before they kill
 
 from __future__ import annotations
 
+import io
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fedlight import checkpoint as ckpt_io
+from fedlight.errors import RunInterrupted
+
+if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+
+    from fedlight.engine.run_state import RunProgress
+    from fedlight.engine.setup import RunInputs
 
 SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
@@ -67,7 +80,54 @@ class StopRequest:
         all-reduce with several processes); a process that got none records the signal another one received."""
         if fabric.world_size == 1:
             return self.requested is not None
-        import torch
-
         flags = fabric.all_reduce(torch.tensor(self.flags(), device=fabric.device), reduce_op="sum")
         return self.adopt(*flags.tolist())
+
+
+def serialised(state: dict[str, Any]) -> bytes:
+    """A run state as bytes, kept while a round runs so that a stop between its clients can drop the round."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def round_start(start_state: bytes | None, last: Path) -> dict[str, Any]:
+    """The run state a dropped round started from: ``start_state``, now written to ``last`` so that a resume repeats
+    the round exactly, or, when None, the one ``last`` holds already."""
+    if start_state is None:
+        return ckpt_io.load(last)
+    state = torch.load(io.BytesIO(start_state), map_location="cpu", weights_only=True)
+    ckpt_io.save_atomic(state, last)
+    return state
+
+
+def drop_round(
+    round_idx: int,
+    start_state: bytes | None,
+    progress: RunProgress,
+    inputs: RunInputs,
+    callbacks: list[Any],
+    fabric: Fabric,
+) -> RunInterrupted:
+    """Drops round ``round_idx`` after a stop request met between its clients: nothing of it is aggregated, and
+    ``last.ckpt`` holds the state the round started from (:func:`round_start`), which this process takes back, so
+    that a resume repeats the round exactly. Returns the error that ends the run."""
+    path = progress.run_dir / "checkpoints" / ckpt_io.LAST
+    if fabric.global_rank == 0:
+        state = round_start(start_state, path)
+        progress.load(state, model=inputs.model, strategy=inputs.strategy, callbacks=callbacks)
+        if inputs.model.bank.num_clusters and state["bank"] is not None:
+            inputs.model.bank.load_state_dict(state["bank"])
+    fabric.barrier()
+    progress.round = progress.saved_round = round_idx
+    name = progress.stop.requested or "SIGTERM"  # no name here: another process received the signal
+    return RunInterrupted(name, path.absolute(), round_idx, saved=True, dropped=True)
+
+
+def stopped_at_once(err: KeyboardInterrupt, run_dir: Path | None) -> RunInterrupted:
+    """The error of a run stopped at once, by a second signal or by one before the rounds began: it names the run's
+    last checkpoint and its round, if one was written."""
+    last = (run_dir / "checkpoints" / ckpt_io.LAST).absolute() if run_dir is not None else None
+    saved = ckpt_io.saved_round(last) if last is not None else None
+    name = str(err.args[0]) if err.args and str(err.args[0]).startswith("SIG") else "SIGINT"
+    return RunInterrupted(name, last if saved is not None else None, saved, saved=False)

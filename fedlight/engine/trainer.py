@@ -12,25 +12,20 @@ One round::
     checkpoint every ``checkpoint_every`` rounds, at the end and when SIGINT/SIGTERM asked to stop, atomically
 
 The trainer keeps the signature and the loop; each concern is a piece of :mod:`fedlight.engine` that owns its
-state and receives only what it needs: the local fits (:mod:`~fedlight.engine.fits`,
-:mod:`~fedlight.engine.local_fit`, :mod:`~fedlight.engine.batched`), aggregation, evaluation, the run state in a
-checkpoint, failure guards, processes, the run folder, the console and the loggers. Strategies and round
-callbacks see the run through a :class:`~fedlight.context.RunContext`, passed as their hooks' first argument.
+state and receives only what it needs: the set-up of a run (:mod:`~fedlight.engine.setup`: its inputs, pieces
+and progress), the local fits (:mod:`~fedlight.engine.fits`, :mod:`~fedlight.engine.local_fit`,
+:mod:`~fedlight.engine.batched`), aggregation, evaluation, the run state in a checkpoint, failure guards,
+processes, the run folder, the console and the loggers. Strategies and round callbacks see the run through a
+:class:`~fedlight.context.RunContext`, passed as their hooks' first argument.
 """
 
 from __future__ import annotations
 
-import errno
-import io
-import logging
 import os
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-from lightning.fabric import Fabric
 from lightning.fabric.loggers import Logger
 
 from fedlight import checkpoint as ckpt_io
@@ -38,52 +33,27 @@ from fedlight.callbacks.base import RoundCallback
 from fedlight.clients.base import FederatedClient
 from fedlight.context import RunContext
 from fedlight.data.datamodule import FederatedDataModule
-from fedlight.engine.aggregation import Aggregation
-from fedlight.engine.config import (
-    BatchingSettings,
-    CompileMode,
-    EvaluationSettings,
-    GuardSettings,
-    LoggerName,
-    LoggingSettings,
-    Precision,
-    ProcessSettings,
-    RoundSettings,
-    StartMethod,
-    WandbMode,
-)
+from fedlight.engine.config import CompileMode, LoggerName, Precision, StartMethod, WandbMode
 from fedlight.engine.console import RunConsole, counted
-from fedlight.engine.evaluation import Evaluator, format_scores
-from fedlight.engine.fits import RoundFits, round_counts
-from fedlight.engine.guards import FailureGuards, RoundAbandoned
+from fedlight.engine.evaluation import score_only
+from fedlight.engine.fits import round_counts
+from fedlight.engine.guards import RoundAbandoned, disk_full
 from fedlight.engine.hooks import Failure, call_callbacks, callback_error
-from fedlight.engine.launch import (
-    ClientParallelStrategy,
-    forks,
-    in_forked_processes,
-    missing_launcher,
-    resolve_threads,
-)
-from fedlight.engine.local_fit import LocalTraining, all_finite
-from fedlight.engine.loggers import RunLoggers, wandb_login_problems
-from fedlight.engine.model import GlobalModel, prepare_module
-from fedlight.engine.personal import PersonalEvaluator
-from fedlight.engine.run_state import check_checkpoint, load_run_state, python_config, run_state
-from fedlight.engine.rundir import RunFolder, check_root, recorded_run_dir
-from fedlight.engine.setup import check_init_from, check_round_size, planned_rounds, prepare_data, rounds_left
-from fedlight.engine.stopping import StopRequest
+from fedlight.engine.launch import run_fabric
+from fedlight.engine.local_fit import all_finite
+from fedlight.engine.run_state import RunProgress, run_state
+from fedlight.engine.setup import RunInputs, RunPieces, RunSetup, adopted, trainer_settings
+from fedlight.engine.stopping import StopRequest, drop_round, serialised, stopped_at_once
 from fedlight.engine.streams import RandomStreams
-from fedlight.errors import ConfigError, RunInterrupted
+from fedlight.engine.view import RunView
+from fedlight.errors import RunInterrupted
 from fedlight.metrics.scalars import scalar_metrics
 from fedlight.plans import ClientPlan
-from fedlight.state import FlatState
 from fedlight.strategies.base import Strategy
 from fedlight.strategies.functional import straggler_plan
 
-log = logging.getLogger(__name__)
 
-
-class FederatedTrainer:
+class FederatedTrainer(RunView):
     """Runs federated rounds of a client module under a strategy.
 
     Args:
@@ -246,97 +216,21 @@ class FederatedTrainer:
     ) -> None:
         #: the arguments as given, described in the checkpoints of runs started from Python
         self.init_args = {name: value for name, value in locals().items() if name != "self"}
-        loggers = (logger,) if isinstance(logger, str | Logger) else tuple(logger or ())
-        self.settings = RoundSettings(
-            rounds, clients_per_round, local_epochs, local_steps, straggler_fraction, eval_every, checkpoint_every
-        )
-        self.processes = ProcessSettings(
-            accelerator, devices, num_nodes, start_method, precision, threads, channels_last, rendezvous_timeout
-        )
-        self.evaluation = EvaluationSettings(eval_clients, full_eval_every)
-        self.batching = BatchingSettings(client_batching, compile_batched, compile_steps)
-        self.guard_settings = GuardSettings(max_update_ratio, fail_fast, gather_budget_mb, client_state_budget_mb)
-        self.logging = LoggingSettings(
-            Path(default_root_dir), name, loggers, wandb_project, wandb_entity, wandb_mode, wandb_group, wandb_tags,
-            wandb_notes, enable_progress_bar,
-        )  # fmt: skip
-        problems = [
-            *self.settings.problems(),
-            *self.evaluation.problems(),
-            *self.processes.problems(),
-            *self.batching.problems(),
-            *self.guard_settings.problems(),
-            *missing_launcher(num_nodes, devices),
-            *wandb_login_problems(list(loggers), wandb_mode),
-            *check_root(Path(default_root_dir), name),
-        ]
-        if problems:
-            raise ConfigError(*problems)
-        self.init_from = None if init_from is None else Path(init_from)
-        self.rewind = rewind
+        #: the settings, grouped by the piece of the engine that reads them
+        self.settings = trainer_settings(self.init_args)
         # The command line seeds everything before instantiating anything; PL_GLOBAL_SEED is that seed.
         self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         self.streams = RandomStreams(self.seed)
-        parallel = None
-        if devices * num_nodes > 1:
-            parallel = ClientParallelStrategy(start_method=start_method, rendezvous_timeout=rendezvous_timeout)
-        self.fabric = Fabric(
-            accelerator=accelerator, devices=devices, num_nodes=num_nodes, precision=precision,
-            strategy=parallel or "auto", callbacks=callbacks,
-        )  # fmt: skip
-        #: intra-op threads of each process (None: torch's default)
-        self.num_threads = resolve_threads(threads, self.fabric.device)
-        if self.num_threads is not None:  # the data and the model are built in this process next
-            torch.set_num_threads(self.num_threads)
+        self.fabric = run_fabric(self.settings.processes, callbacks)
         self.callbacks = list(callbacks or [])
         self.context = RunContext(self)
+        self.run_setup = RunSetup(
+            self.init_args, self.settings, self.seed, self.fabric, self.streams, self.callbacks, self.context
+        )
         self.console = RunConsole(enabled=False, progress_bar=False)  # fit sets up the run's own
-        self.run_dir: Path | None = None
-        self.history: list[dict[str, float]] = []
-        self.round = 0
-        self.round_plans: list[ClientPlan] = []
-        self.model: GlobalModel | None = None  # the resident module and W^t, once a run is set up
-        #: digests of the partition and the samples (``checkpoint.data_fingerprint``), checked on resume
-        self.data_fingerprint: dict[str, str] | None = None
-        self.described: dict[str, Any] | None = None  # the configuration checkpoints store (see _setup)
-        self._forked = False  # true inside the processes that start_method=fork created
-        self._folder: RunFolder | None = None
-        self._interrupted: RunInterrupted | None = None
-        self._stop: StopRequest | None = None  # the run's stop request, looked at between clients
-        self._planned_rounds: int | None = None  # trainer.rounds of the checkpoint that was loaded, if it says
-        self._saved_round: int | None = None  # the round that checkpoints/last.ckpt holds, once this run wrote it
-
-    @property
-    def rounds(self) -> int:
-        """T, the number of rounds."""
-        return self.settings.rounds
-
-    @property
-    def name(self) -> str:
-        """The run's name: its folder's and its W&B run's."""
-        return self.logging.name
-
-    @property
-    def global_state(self) -> torch.Tensor:
-        """W^t, the ``[P]`` fp32 federated state of the global model (the bank's global member)."""
-        return self.model.global_state
-
-    # What a script reads of a run, named as the hooks' RunContext names it.
-    module = property(lambda self: self.model.module, doc="The resident client module.")
-    layout = property(lambda self: self.model.layout, doc="Its federated layout.")
-    bank = property(lambda self: self.model.bank, doc="The model bank; its global member is W^t.")
-    global_integers = property(lambda self: self.model.integers, doc="W^t's integer buffers.")
-    round_rng = property(lambda self: self.streams.round_rng, doc="Round t's server-side generator.")
-    strategy_rng = property(lambda self: self.streams.strategy_rng, doc="Round t's generator of the rule.")
-    client_seed = property(lambda self: self.streams.client_seed, doc="The seed of client k in round t.")
-    gather_peak_nbytes = property(
-        lambda self: self.aggregation.gather_peak_nbytes, doc="The last round's largest block."
-    )
-    aggregation_nbytes = property(lambda self: self.fits.aggregation_nbytes, doc="The last round's sums and W^t.")
-
-    def global_module(self) -> FederatedClient:
-        """The resident module with W^t loaded, in eval mode."""
-        return self.model.evaluation_module()
+        self.inputs: RunInputs | None = None  # what the run is made of, once set up
+        self.pieces: RunPieces | None = None  # the engine's pieces that run its rounds
+        self.progress = RunProgress()
 
     # -- public entry points ----------------------------------------------------------------------
     def fit(
@@ -366,18 +260,15 @@ class FederatedTrainer:
                 dropping the unfinished round (or, for a signal after the round's clients, after that round), and
                 wrote a checkpoint (a second signal stops it at once); the exception names the checkpoint.
         """
-        self._interrupted = None
+        self.progress.interrupted = None
         try:
             result = self._in_processes(self._fit, model, datamodule, strategy, ckpt_path, config)
         except KeyboardInterrupt as err:  # a second signal, or one before the rounds began
             if isinstance(err, RunInterrupted):
                 raise
-            last = (self.run_dir / "checkpoints" / ckpt_io.LAST).absolute() if self.run_dir is not None else None
-            saved = ckpt_io.saved_round(last) if last is not None else None
-            name = str(err.args[0]) if err.args and str(err.args[0]).startswith("SIG") else "SIGINT"
-            raise RunInterrupted(name, last if saved is not None else None, saved, saved=False) from None
-        if self._interrupted is not None:
-            raise self._interrupted
+            raise stopped_at_once(err, self.run_dir) from None
+        if self.progress.interrupted is not None:
+            raise self.progress.interrupted
         return result
 
     def validate(
@@ -415,20 +306,13 @@ class FederatedTrainer:
             with StopRequest(announce=self.fabric.global_rank == 0) as stop:
                 return self._rounds(stop)
         except OSError as err:
-            if err.errno not in (errno.ENOSPC, errno.EDQUOT) or self.run_dir is None:
+            error = disk_full(err, self.run_dir)
+            if error is None:
                 raise
-            last = self.run_dir / "checkpoints" / ckpt_io.LAST
-            advice = (
-                f"the last checkpoint is intact: free space and resume with --ckpt_path {last}"
-                if last.is_file()
-                else "no checkpoint was written yet: free space and start again"
-            )
-            raise ConfigError(
-                f"No space left on the disk while writing the run's files in {self.run_dir}; {advice}."
-            ) from None
+            raise error from None
         finally:
-            if self._folder is not None:
-                self._folder.release()
+            if self.progress.folder is not None:
+                self.progress.folder.release()
 
     # -- the rounds ----------------------------------------------------------------------------------
     def _rounds(self, stop: StopRequest) -> dict[str, float]:
@@ -440,75 +324,82 @@ class FederatedTrainer:
         is logged and checkpointed first, then the run stops with :class:`CallbackFailed` naming the callback
         and the checkpoint (a :class:`ConfigError` stays one, with the checkpoint added).
         """
-        fabric, context, settings = self.fabric, self.context, self.settings
-        last_ckpt = self.run_dir / "checkpoints" / ckpt_io.LAST
-        self._stop = stop
+        fabric, context, settings, progress = self.fabric, self.context, self.settings.loop, self.progress
+        last_ckpt = progress.run_dir / "checkpoints" / ckpt_io.LAST
+        progress.stop = stop
         fabric.call("on_fit_start", context)
         self.strategy.on_fit_start(context)
         self.model.setup_clusters(self.strategy)
-        budget = int(self.guard_settings.client_state_budget_mb * 2**20)
-        self.model.setup_client_states(self.strategy, context, self.run_dir / "client_state", budget)
+        budget = int(self.settings.guards.client_state_budget_mb * 2**20)
+        self.model.setup_client_states(self.strategy, context, progress.run_dir / "client_state", budget)
         console = self._start_console()
-        first = self.round
-        metrics: dict[str, float] = self.history[-1] if self.history else {}
-        for round_idx in range(self.round, self.rounds):
+        first = progress.round
+        metrics: dict[str, float] = progress.history[-1] if progress.history else {}
+        for round_idx in range(progress.round, self.rounds):
             started = time.perf_counter()
-            start_state = self._round_start_state(round_idx)
+            # rank 0's state as the round starts, for a stop that drops it (None: last.ckpt holds it; other ranks)
+            keep = fabric.global_rank == 0 and progress.saved_round != round_idx
+            start_state = serialised(self._run_state()) if keep else None
             failure = call_callbacks(self.callbacks, "on_round_start", context, round_idx)
             if failure is not None:
-                if self.round > first:  # the rounds since the last checkpoint
+                if progress.round > first:  # the rounds since the last checkpoint
                     self.save_checkpoint(last_ckpt)
-                raise self._callback_failure(failure, metrics, self.round - first)
+                raise self._callback_failure(failure, metrics, progress.round - first)
             try:
                 metrics = {"round": float(round_idx + 1), **self._run_round(round_idx)}  # counted from 1
-            except RoundAbandoned:
-                return self._abandon(round_idx, start_state, metrics, first)
+            except RoundAbandoned:  # a stop request met between the round's clients
+                progress.interrupted = drop_round(round_idx, start_state, progress, self.inputs, self.callbacks, fabric)
+                console.end(metrics, progress.run_dir, round_idx - first)
+                self.run_loggers.finish()
+                return metrics
             if settings.evaluates_after(round_idx):
                 sample = self.evaluator.sample(round_idx, self.rounds)  # None: every client's split
                 metrics.update(self.evaluator.evaluate(clients=True, test=True, sample=sample))
-                metrics.update(self.personal.evaluate())  # personalised rules: each client's own model
-            self.round = round_idx + 1
+                metrics.update(self.pieces.personal.evaluate())  # personalised rules: each client's own model
+            progress.round = round_idx + 1
             failure = call_callbacks(self.callbacks, "on_round_end", context, round_idx, metrics)
             metrics["round/time_s"] = time.perf_counter() - started
             metrics = self._log(metrics)
             stopping = stop.agreed(self.fabric)
-            last = self.round == self.rounds
-            if self.round % settings.checkpoint_every == 0 or last or stopping or failure is not None:
+            last = progress.round == self.rounds
+            if progress.round % settings.checkpoint_every == 0 or last or stopping or failure is not None:
                 self.save_checkpoint(last_ckpt)
-                self._saved_round = self.round
+                progress.saved_round = progress.round
             console.round_end(round_idx, self.rounds, metrics)
             if failure is not None:
-                raise self._callback_failure(failure, metrics, self.round - first)
+                raise self._callback_failure(failure, metrics, progress.round - first)
             if stopping and not last:
-                console.end(metrics, self.run_dir, self.round - first)
+                console.end(metrics, progress.run_dir, progress.round - first)
                 self.run_loggers.finish()
-                self._interrupted = RunInterrupted(stop.requested or "SIGINT", last_ckpt.absolute(), self.round, True)
+                progress.interrupted = RunInterrupted(
+                    stop.requested or "SIGINT", last_ckpt.absolute(), progress.round, True
+                )
                 return metrics
         failure = call_callbacks(self.callbacks, "on_fit_end", context)
         if failure is not None:
-            raise self._callback_failure(failure, metrics, self.round - first)
+            raise self._callback_failure(failure, metrics, progress.round - first)
         self.run_loggers.finish()
-        console.end(metrics, self.run_dir, self.round - first)
+        console.end(metrics, progress.run_dir, progress.round - first)
         return metrics
 
     def _run_round(self, round_idx: int) -> dict[str, float]:
         """Plan → local fit → aggregate; returns the round's training metrics."""
-        model, strategy = self.model, self.strategy
+        model, strategy, guards = self.model, self.strategy, self.pieces.guards
         plans = self._plan(round_idx)
-        self.round_plans = plans  # for hooks that look at the round's clients (e.g. MMD over K^t)
+        self.progress.plans = plans  # for hooks that look at the round's clients (e.g. MMD over K^t)
         strategy.on_round_start(self.context, round_idx, plans)
-        updates, sums, states, integers = self.fits.run(round_idx, plans, self._stop)
+        updates, sums, states, integers = self.fits.run(round_idx, plans, self.progress.stop)
         aggregated = [u for u in updates if u.finite]
         if not aggregated:  # all non-finite or outsized (a round where all failed stopped in the fits)
-            raise self.guards.none_aggregated(round_idx, updates)
+            raise guards.none_aggregated(round_idx, updates)
         if strategy.gather_states:
             model.global_state = self.aggregation.gathered(model.global_state, states, aggregated)
         else:
             model.global_state = self.aggregation.streamed(model.bank, sums, aggregated)
         model.integers.update(integers)
         if not all_finite(model.global_state):
-            raise self.guards.diverged(round_idx, type(strategy).__name__)
-        self.guards.warn_failed(round_idx, [u for u in updates if "error" in u.payload], len(updates))
+            raise guards.diverged(round_idx, type(strategy).__name__)
+        guards.warn_failed(round_idx, [u for u in updates if "error" in u.payload], len(updates))
         return {
             **round_counts(plans, updates, aggregated),
             **strategy.on_round_end(self.context, round_idx, aggregated),
@@ -516,7 +407,7 @@ class FederatedTrainer:
 
     def _plan(self, round_idx: int) -> list[ClientPlan]:
         """K^t from the strategy and the δ-fraction of stragglers, all drawn from the round's stream."""
-        settings, rng = self.settings, self.streams.round_rng(round_idx)
+        settings, rng = self.settings.loop, self.streams.round_rng(round_idx)
         clients = self.strategy.sample_clients(self.datamodule.num_samples, settings.clients_per_round, rng)
         stragglers, epochs = straggler_plan(len(clients), settings.straggler_fraction, settings.local_epochs, rng)
         return [
@@ -524,10 +415,10 @@ class FederatedTrainer:
             for c, e, s in zip(clients, epochs, stragglers, strict=True)
         ]
 
-    # -- callbacks, stops and the run's end ------------------------------------------------------------
+    # -- the console and callback failures ------------------------------------------------------------
     def _start_console(self) -> RunConsole:
         """The run's console, with its start line; the local fits show their clients' bar on it."""
-        settings = self.settings
+        settings = self.settings.loop
         console = self.console = self.fits.console = RunConsole(
             self.fabric.global_rank == 0, self.logging.enable_progress_bar
         )
@@ -543,183 +434,36 @@ class FederatedTrainer:
         """Ends the run whose callback raised (loggers closed, summary printed) after its rounds were saved."""
         self.run_loggers.finish()
         self.console.end(metrics, self.run_dir, rounds_run)
-        last = (self.run_dir / "checkpoints" / ckpt_io.LAST).absolute() if self.run_dir is not None else None
-        return callback_error(failure, last)
+        return callback_error(failure, self.run_dir)
 
-    def _round_start_state(self, round_idx: int) -> bytes | None:
-        """Rank 0's run state as round ``round_idx`` starts, serialised, for a stop that drops the round; None
-        when ``last.ckpt`` holds it already (and on other ranks, which write no checkpoint)."""
-        if self.fabric.global_rank != 0 or self._saved_round == round_idx:
-            return None
-        buffer = io.BytesIO()
-        torch.save(self._run_state(), buffer)
-        return buffer.getvalue()
-
-    def _abandon(self, round_idx: int, start_state: bytes | None, metrics: dict[str, float], first: int):
-        """Ends the run in round ``round_idx`` after a stop request met between its clients: the partial round is
-        dropped, nothing of it is aggregated, and ``last.ckpt`` holds the state the round started from, which
-        this process takes back, so that a resume repeats the round exactly."""
-        path = self.run_dir / "checkpoints" / ckpt_io.LAST
-        if self.fabric.global_rank == 0:
-            if start_state is None:
-                state = ckpt_io.load(path)
-            else:
-                state = torch.load(io.BytesIO(start_state), map_location="cpu", weights_only=True)
-                ckpt_io.save_atomic(state, path)
-            self._load_run_state(state)
-            if self.model.bank.num_clusters and state["bank"] is not None:
-                self.model.bank.load_state_dict(state["bank"])
-        self.fabric.barrier()
-        self.round = self._saved_round = round_idx
-        self.console.end(metrics, self.run_dir, round_idx - first)
-        self.run_loggers.finish()
-        name = self._stop.requested or "SIGTERM"  # no name here: another process received the signal
-        self._interrupted = RunInterrupted(name, path.absolute(), round_idx, saved=True, dropped=True)
-        return metrics
-
-    # -- evaluation only -----------------------------------------------------------------------------
+    # -- evaluation only, processes and set-up ---------------------------------------------------------
     def _evaluate_only(self, model, datamodule, strategy, ckpt_path, config, clients: bool) -> dict[str, float]:
         self._setup(model, datamodule, strategy, ckpt_path, config, logging=False, evaluating=True)
-        self.model.setup_clusters(strategy)
-        if self.fabric.global_rank == 0:
-            what = "the clients' held-out splits" if clients else "the global test set"
-            if ckpt_path is None:
-                scored = "the model as built (no --ckpt_path: no round trained)"
-            else:
-                of = "" if self._planned_rounds is None else f" of {self._planned_rounds}"
-                scored = f"{ckpt_path}, the global model of round {self.round}{of}"
-            print(f"fedlight: scoring {scored} on {what}")
-        metrics = scalar_metrics(self.evaluator.evaluate(clients=clients, test=not clients))
-        if clients and strategy.personalised and self.run_dir is not None:  # and each client's own model
-            budget = int(self.guard_settings.client_state_budget_mb * 2**20)
-            self.model.setup_client_states(strategy, self.context, self.run_dir / "client_state", budget)
-            metrics.update(scalar_metrics(self.personal.evaluate()))
-        if self.fabric.global_rank == 0:
-            print(format_scores(metrics))
-        return metrics
+        budget = int(self.settings.guards.client_state_budget_mb * 2**20)
+        return score_only(
+            self.pieces, self.inputs, self.progress, self.context, ckpt_path, clients=clients,
+            client_state_budget=budget, rank=self.fabric.global_rank,
+        )  # fmt: skip
 
-    # -- processes -----------------------------------------------------------------------------------
     def _in_processes(self, work, model, datamodule, strategy, *args, **kwargs) -> dict[str, float]:
-        """Runs ``work`` on every rank: here (one process, or ``popen``, where this process is rank 0 and
-        ``_setup`` starts the others), or in forked processes whose rank-0 outcome this process adopts."""
-        if not forks(self.fabric) or self._forked:
-            return work(model, datamodule, strategy, *args, **kwargs)
-
-        def forked() -> dict[str, float]:
-            self._forked = True
-            return work(model, datamodule, strategy, *args, **kwargs)
+        """Runs ``work`` on every rank (:class:`~fedlight.engine.launch.Ranks`); where the ranks were forked, this
+        process takes over rank 0's outcome, as if the rounds had run here."""
 
         def outcome(result: dict[str, float]) -> dict[str, Any]:
-            return {
-                "result": result,
-                "state": self._run_state(),
-                "run_dir": self.run_dir,
-                "interrupted": self._interrupted,
-            }
+            progress = self.progress
+            return {"result": result, "state": self._run_state(), "run_dir": progress.run_dir,
+                    "interrupted": progress.interrupted}  # fmt: skip
 
-        handed = in_forked_processes(self.fabric, forked, outcome)
-        self._adopt(handed, model, datamodule, strategy)
-        return handed["result"]
+        result, handed = self.run_setup.ranks.run(lambda: work(model, datamodule, strategy, *args, **kwargs), outcome)
+        if handed is not None:
+            self.inputs, self.progress = adopted(handed, model, datamodule, strategy, self.callbacks)
+        return result
 
-    def _adopt(self, outcome: dict[str, Any], model, datamodule, strategy) -> None:
-        """Takes over rank 0's outcome in the process that forked the ranks: W^T in ``model``, the history,
-        the strategy's and callbacks' states, as if the rounds had run here."""
-        state = outcome["state"]
-        self.datamodule, self.strategy, self.described = datamodule, strategy, state["config"]
-        self.config = None if (self.described or {}).get("origin") == "python" else self.described
-        self.model = GlobalModel(model, FlatState(model, getattr(model, "frozen_modules", ())), torch.device("cpu"))
-        self._load_run_state(state)
-        self.model.load()
-        self.run_dir = outcome["run_dir"]
-        self.data_fingerprint = state.get("data_fingerprint")
-        self._interrupted = outcome.get("interrupted")
-
-    # -- set-up ------------------------------------------------------------------------------------
-    def _setup(self, *args: Any, **kwargs: Any) -> None:
-        """:meth:`_set_up`; its ConfigErrors are found by every process alike, and reported by the first."""
-        try:
-            self._set_up(*args, **kwargs)
-        except ConfigError as err:
-            err.every_process = True
-            raise
-
-    def _set_up(
-        self,
-        model: FederatedClient,
-        datamodule: FederatedDataModule,
-        strategy: Strategy,
-        ckpt_path: str | Path | None,
-        config: dict[str, Any] | None,
-        logging: bool = True,
-        evaluating: bool = False,
-    ) -> None:
-        fabric = self.fabric
-        check_init_from(self.init_from, ckpt_path)
-        if not self._forked:  # forked processes were launched already
-            fabric.launch()
-        if self.num_threads is not None:  # after the launcher, which gives each process a share of the cores
-            torch.set_num_threads(self.num_threads)
-        self.datamodule, self.data_fingerprint = prepare_data(
-            datamodule, self.settings.clients_per_round, fabric.device
+    def _setup(self, *args: Any, logging: bool = True, evaluating: bool = False) -> None:
+        """Sets up the run of ``(model, datamodule, strategy, ckpt_path, config)`` (:class:`RunSetup`)."""
+        self.inputs, self.pieces, self.progress = self.run_setup(
+            *args, console=self.console, run_dir=lambda: self.progress.run_dir, logging=logging, evaluating=evaluating
         )
-        self.strategy, self.config = strategy, config
-        #: the resolved configuration, or the one described from the objects of a run started from Python
-        self.described = (
-            config if config is not None else python_config(self.init_args, self.seed, model, datamodule, strategy)
-        )
-        users = () if evaluating else (strategy, *self.callbacks)  # evaluation runs neither rule nor callbacks
-        self.model = prepare_module(
-            model, datamodule, users, fabric, self.processes.channels_last, self.init_from, ckpt_path is not None
-        )
-        if not evaluating:
-            check_round_size(strategy, self.settings.clients_per_round, self.settings.straggler_fraction)
-        self._build_pieces(evaluating)
-        # A W&B sweep agent names the run it launched; otherwise the run gets a fresh id.
-        self.wandb_id = os.environ.get("WANDB_RUN_ID") or uuid.uuid4().hex[:8]
-        self.round, self.history = 0, []
-        state = None
-        if ckpt_path is not None:
-            state = ckpt_io.load(ckpt_path, keys=ckpt_io.RUN_KEYS)
-            check_checkpoint(
-                state, model=self.model, datamodule=self.datamodule, data_fingerprint=self.data_fingerprint,
-                strategy=strategy, seed=self.seed, config=self.described, evaluating=evaluating,
-            )  # fmt: skip
-            self._load_run_state(state)
-            self._planned_rounds = planned_rounds(state)
-            if logging and not rounds_left(ckpt_path, state, self.rounds):  # finished: its files are left alone
-                self.run_dir = None
-                return
-        run_dir = None
-        if fabric.global_rank == 0:
-            if logging:
-                self._folder = RunFolder(self.logging.default_root_dir / self.name, self.rewind)
-                run_dir = self._folder.resumed(Path(ckpt_path), state) if state is not None else self._folder.new()
-            elif state is not None:
-                run_dir = recorded_run_dir(Path(ckpt_path), state)
-        self.run_dir = fabric.broadcast(run_dir)
-        self.wandb_id = fabric.broadcast(self.wandb_id)
-        if logging:
-            recorded = None if state is None else state.get("tracker_runs")
-            self.run_loggers.start(self.run_dir, self.config, self.history, self.wandb_id, recorded)
-
-    def _build_pieces(self, evaluating: bool) -> None:
-        """The engine's pieces for the run just set up, each given only what it needs."""
-        fabric, rank = self.fabric, self.fabric.global_rank
-        self.training = LocalTraining(
-            self.model, self.datamodule, self.strategy, self.context, fabric, self.streams, self.settings,
-            self.batching.compile_steps,
-        )  # fmt: skip
-        self.guards = FailureGuards(self.guard_settings, lambda: self.run_dir, rank)
-        self.fits = RoundFits(
-            self.training, self.guards, self.batching, fabric, self.console, self.guard_settings.fail_fast
-        )
-        self.aggregation = Aggregation(self.strategy, self.guard_settings.gather_budget_mb, rank)
-        self.evaluator = Evaluator(
-            self.model, self.datamodule, self.strategy, self.context, fabric,
-            EvaluationSettings() if evaluating else self.evaluation, self.streams,
-        )  # fmt: skip
-        self.personal = PersonalEvaluator(self.model, self.datamodule, self.strategy, self.context, fabric)
-        self.run_loggers = RunLoggers(self.logging, rank)
 
     # -- checkpoints and logs ----------------------------------------------------------------------------
     def save_checkpoint(self, path: str | Path) -> None:
@@ -731,16 +475,9 @@ class FederatedTrainer:
         self.fabric.barrier()
 
     def _run_state(self) -> dict[str, Any]:
+        tracker_runs = self.run_loggers.tracker_runs()
         return run_state(
-            round_done=self.round, seed=self.seed, model=self.model, strategy=self.strategy, callbacks=self.callbacks,
-            history=self.history, wandb_id=self.wandb_id, tracker_runs=self.run_loggers.tracker_runs(),
-            datamodule=self.datamodule,
-            data_fingerprint=self.data_fingerprint, config=self.described, run_dir=self.run_dir,
-        )  # fmt: skip
-
-    def _load_run_state(self, state: dict[str, Any]) -> None:
-        self.round, self.history, self.wandb_id = load_run_state(
-            state, model=self.model, strategy=self.strategy, callbacks=self.callbacks
+            self.inputs, self.progress, seed=self.seed, callbacks=self.callbacks, tracker_runs=tracker_runs
         )
 
     def _log(self, metrics: dict[str, Any]) -> dict[str, float]:
