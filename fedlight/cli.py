@@ -379,6 +379,19 @@ def _missing_package_in(err: BaseException) -> ConfigError | None:
     return None
 
 
+def _close_process_group() -> None:
+    """Ends a launched rank's process group once every rank has finished its command.
+
+    Without it each process tears its group down at interpreter exit, in whatever order the ranks get there; a
+    torchrun rank whose peer had already gone was seen to abort there (SIGABRT from gloo's threads) after a run that
+    had finished and saved everything.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def main(args: list[str] | None = None) -> None:
     """Console entry point: errors a user can fix are printed as one message, without a traceback."""
     # A console script's sys.path starts with its own folder, not the working directory that
@@ -393,6 +406,7 @@ def main(args: list[str] | None = None) -> None:
         if args and args[0] == "sweep":  # many fit runs, each through run()
             return sweep.main(list(args[1:]))
         run(args)
+        _close_process_group()
     except ConfigError as err:
         if not (err.every_process and _launched_rank() > 0):  # the first process reports what all of them found
             print(f"fedlight: error: {err}", file=sys.stderr)
