@@ -8,6 +8,7 @@
 ``model``              the resident client module and the global model W^t (its bank)
 ``fits``               a round's local fits on this process, streamed into the round's sums
 ``local_fit``          one client's fit on the resident module; the local training loop
+``whole_step``         a client's forward, loss, backward and update compiled as one graph
 ``batched``            clients trained together as one vectorised model
 ``aggregation``        W^{t+1} from the streamed sums or the gathered states
 ``evaluation``         the global model on the held-out splits and the test set
