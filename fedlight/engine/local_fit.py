@@ -25,7 +25,7 @@ import torch
 
 from fedlight.clients.base import LocalFit
 from fedlight.engine.streams import RandomStreams, seed_torch
-from fedlight.engine.whole_step import WholeStep, whole_step_blocker
+from fedlight.engine.whole_step import WholeStep, allow_recompiles, whole_step_blocker
 from fedlight.errors import ConfigError
 from fedlight.plans import ClientPlan, ClientUpdate
 
@@ -56,7 +56,6 @@ class LocalTraining:
         compile_steps: compile the rounds' steps (``torch.compile``'s mode, or ``True`` for its default): the whole
             step where the fit's optimizer allows (:mod:`fedlight.engine.whole_step`), else the forward pass and
             loss; ``False`` runs them eagerly.
-        say: prints one line on the run's console (which compiled step runs, and why).
     """
 
     def __init__(
@@ -69,13 +68,13 @@ class LocalTraining:
         streams: RandomStreams,
         settings: RoundSettings,
         compile_steps: CompileMode = False,
-        say: Callable[[str], None] | None = None,
     ) -> None:
         self.model, self.datamodule, self.strategy, self.context = model, datamodule, strategy, context
         self.fabric, self.streams, self.settings = fabric, streams, settings
         self.precision = fabric.strategy.precision
         self.compile_steps = compile_steps
-        self.say = say or (lambda line: None)
+        #: prints one line on the run's console (which compiled step runs, and why); the run's console sets it
+        self.say: Callable[[str], None] = lambda line: None
         self._compiled: Callable | None = None  # the rounds' compiled forward and loss, built on first use
         self._whole: WholeStep | None = None  # the rounds' compiled whole step, built on first use
         self._whole_refused: str | None = None  # why this run's fits cannot take the whole step, once one could not
@@ -156,8 +155,8 @@ class LocalTraining:
             except Exception as err:
                 if whole.steps_run:  # it compiled and trained: a later failure is the step's own
                     raise
-                # what the compiler cannot trace through torch.func (a loss with side effects, say) trains with
-                # the forward pass and loss compiled instead, from the same first batch
+                # a loss no gradient transform can run (one that asks for a tensor's memory address, say) trains
+                # with the forward pass and loss compiled instead, from the same first batch
                 self._refuse_whole_step(f"compiling it failed ({type(err).__name__}: {err})".splitlines()[0])
                 batches = chain([first], batches)
         forward = (
@@ -220,10 +219,7 @@ class LocalTraining:
         all; a batch of another size (an epoch's short last batch) compiles once more, with dynamic shapes.
         """
         if self._compiled is None:
-            import torch._dynamo as dynamo
-
-            # one graph per batch shape and per rule branch; dynamo's default limit of 8 is raised for them
-            dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 64)
+            allow_recompiles()
             mode = self._compile_mode()
             precision = self.precision
 

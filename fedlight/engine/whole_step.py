@@ -40,6 +40,14 @@ from torch.func import functional_call, grad_and_value
 WHOLE_STEP_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 
 
+def allow_recompiles() -> None:
+    """Raises dynamo's limit of graphs per function (8) for the rounds' compiled steps, which compile one graph per
+    batch shape, per rule branch and for the batch index once it varies."""
+    import torch._dynamo as dynamo
+
+    dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 64)
+
+
 def whole_step_blocker(
     module: nn.Module, optimizers: list[torch.optim.Optimizer], schedulers: list[Any], precision: Any
 ) -> str | None:
@@ -95,6 +103,7 @@ class WholeStep:
     def __init__(self, module: nn.Module, loss_fn: Callable, precision: Any, mode: str | None = None) -> None:
         self.step = _Step(module, loss_fn, precision)
         self.precision = precision
+        allow_recompiles()
         self.compiled = torch.compile(self._step, mode=mode)
         # CUDA graphs replay fixed addresses: every tensor the step updates in place is marked as one that stays
         self.static = mode in ("reduce-overhead", "max-autotune")
