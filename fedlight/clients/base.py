@@ -67,6 +67,12 @@ class FederatedClient(LightningModule):
     #: Frozen auxiliary models by role, set by the trainer for the length of a local fit.
     teachers: Mapping[str, torch.nn.Module] = MappingProxyType({})
 
+    def configure_model(self) -> None:
+        """Loads the network's pretrained weights when it has them (``net.load_pretrained``), once before W^0."""
+        load_pretrained = getattr(getattr(self, "net", None), "load_pretrained", None)
+        if load_pretrained is not None:
+            load_pretrained()
+
     def evaluation_metric(self, num_groups: int) -> Metric:
         """Returns a fresh metric that accumulates ``validation_step`` outputs over ``num_groups`` groups."""
         raise NotImplementedError

@@ -85,12 +85,6 @@ class SegmentationClient(FederatedClient):
         classes (``iou_<class>``)."""
         return ("acc", "loss", "miou", "miou_fg", *iou_keys(self.num_classes, self.class_names))
 
-    def configure_model(self) -> None:
-        """Loads pretrained encoder weights when the model has them (once, before the first round)."""
-        load_pretrained = getattr(self.net, "load_pretrained", None)
-        if load_pretrained is not None:
-            load_pretrained()
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)  # [B, C, H, W]
 

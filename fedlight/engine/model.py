@@ -147,25 +147,27 @@ class GlobalModel:
         return []
 
 
+def load_outside_weights(model: FederatedClient, init_from: Path | None) -> None:
+    """Loads the weights a run starts from that come from outside it: the network's pretrained ones
+    (``configure_model``, e.g. an ImageNet encoder), then ``init_from`` (an earlier stage's checkpoint)."""
+    model.configure_model()
+    if init_from is not None:
+        ckpt_io.load_weights(model, init_from)
+
+
 def prepare_module(
     model: FederatedClient,
     datamodule: FederatedDataModule,
     users: Sequence[Any],
     fabric: Any,
     channels_last: bool,
-    init_from: Path | None,
-    from_checkpoint: bool,
 ) -> GlobalModel:
     """The resident module of a run and W^0 (or the model a checkpoint will replace), on the training device.
 
-    Weights from outside the run (an ImageNet encoder, ``init_from``) are loaded first, unless a checkpoint
-    brings its own; then what the rule and the callbacks (``users``) need is checked, the frozen parts are
-    frozen and the module is converted to the trainer's precision and memory layout.
+    Weights from outside the run are already in ``model`` (:func:`load_outside_weights`); what the rule and the
+    callbacks (``users``) need is checked, the frozen parts are frozen and the module is converted to the
+    trainer's precision and memory layout.
     """
-    if not from_checkpoint:
-        model.configure_model()
-        if init_from is not None:
-            ckpt_io.load_weights(model, init_from)
     model.class_names = datamodule.class_names  # per-class scores are named after the data's classes
     check_model(model, datamodule, users)
     freeze_parameters(model, model.frozen_modules)

@@ -39,7 +39,7 @@ from fedlight.engine.guards import FailureGuards
 from fedlight.engine.launch import Ranks, missing_launcher, resolve_threads
 from fedlight.engine.local_fit import LocalTraining
 from fedlight.engine.loggers import RunLoggers, wandb_login_problems
-from fedlight.engine.model import GlobalModel, prepare_module
+from fedlight.engine.model import GlobalModel, load_outside_weights, prepare_module
 from fedlight.engine.personal import PersonalEvaluator
 from fedlight.engine.run_state import RunProgress, check_checkpoint, python_config
 from fedlight.engine.rundir import RunFolder, check_root, recorded_run_dir
@@ -188,10 +188,23 @@ class RunInputs:
         """The data set up and the module prepared for the rule and the callbacks, each checked; ``describe`` gives
         the configuration of a run started from Python."""
         loop = settings.loop
-        data, fingerprint = prepare_data(datamodule, loop.clients_per_round, fabric.device)
+        # What must come from outside the run (the data, pretrained weights) is gathered before either is used,
+        # so that a machine missing both hears of both in one message, before the run folder exists.
+        problems = []
+        try:
+            data, fingerprint = prepare_data(datamodule, loop.clients_per_round, fabric.device)
+        except ConfigError as err:
+            problems += err.problems
+        if not resuming:  # a checkpoint brings its own weights
+            try:
+                load_outside_weights(model, init_from)
+            except ConfigError as err:
+                problems += err.problems
+        if problems:
+            raise ConfigError(*problems)
         described = config if config is not None else describe()
         users = () if evaluating else (strategy, *callbacks)  # evaluation runs neither rule nor callbacks
-        module = prepare_module(model, data, users, fabric, settings.processes.channels_last, init_from, resuming)
+        module = prepare_module(model, data, users, fabric, settings.processes.channels_last)
         if not evaluating:
             check_round_size(strategy, loop.clients_per_round, loop.straggler_fraction)
         return cls(module, data, strategy, config, described, fingerprint)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from fedlight.errors import ConfigError
+from fedlight.models.hub import hub_files
 from fedlight.models.registry import register_model
 
 
@@ -85,6 +86,9 @@ class DeepLabV3Plus(nn.Module):
         import segmentation_models_pytorch as smp
 
         try:
+            # into the cache first, where a copied cache is read without network and no network fails at once
+            settings = smp.encoders.encoders[self.encoder_name]["pretrained_settings"][self.encoder_weights]
+            hub_files(settings["repo_id"], ["config.json", "model.safetensors"], settings["revision"])
             pretrained = smp.encoders.get_encoder(
                 self.encoder_name,
                 in_channels=self.in_channels,
@@ -95,7 +99,8 @@ class DeepLabV3Plus(nn.Module):
             raise ConfigError(
                 f"Could not load {self.encoder_weights!r} weights of the {self.encoder_name} encoder "
                 f"(--model.init_args.model_kwargs.encoder_weights): {error}",
-                "segmentation-models-pytorch downloads them from the Hugging Face Hub into ~/.cache/huggingface. "
+                "segmentation-models-pytorch downloads them from the Hugging Face Hub into ~/.cache/huggingface/hub "
+                "(HF_HUB_CACHE). "
                 "Run once on a machine with network and copy that folder here (then HF_HUB_OFFLINE=1 works), or set "
                 "--model.init_args.model_kwargs.encoder_weights=null to start from a random initialisation.",
             ) from error

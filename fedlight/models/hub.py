@@ -111,6 +111,8 @@ def timm_state_dict(tag: str, flag: str) -> dict[str, torch.Tensor]:
         if config.hf_hub_id:
             return _hub_file(config.hf_hub_id, config.hf_hub_filename)
         return torch.hub.load_state_dict_from_url(config.url, map_location="cpu", weights_only=True)
+    except ConfigError:
+        raise
     except (OSError, RuntimeError, ValueError) as error:  # the hub's errors are OSErrors or ValueErrors
         source = f"https://huggingface.co/{config.hf_hub_id}" if config.hf_hub_id else config.url
         offline = " (HF_HUB_OFFLINE is set: only the cache is read)" if constants.HF_HUB_OFFLINE else ""
@@ -123,13 +125,24 @@ def timm_state_dict(tag: str, flag: str) -> dict[str, torch.Tensor]:
 
 
 def _hub_file(repo_id: str, filename: str | None) -> dict[str, torch.Tensor]:
-    """A checkpoint from a Hub repository: ``filename``, else timm's safetensors file, else its PyTorch file."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError
-    from safetensors.torch import load_file
+    """A checkpoint from a Hub repository: ``filename``, else timm's safetensors file, else its PyTorch file.
+
+    The cache is read first, so that a copied cache works without network and without the hub client's retries;
+    before going online, one connection to the Hub tells at once whether it can be reached at all.
+    """
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     repo, _, revision = repo_id.partition("@")  # timm pins some repositories as repo@revision
     names = [filename] if filename else ["model.safetensors", "pytorch_model.bin"]
+    for name in names:
+        try:
+            return _read_weights(hf_hub_download(repo, name, revision=revision or None, local_files_only=True))
+        except (LocalEntryNotFoundError, EntryNotFoundError):
+            continue
+    if constants.HF_HUB_OFFLINE:
+        raise LocalEntryNotFoundError(f"{repo} is not in the cache")
+    _check_reachable(constants.ENDPOINT)
     for name in names:
         try:
             path = hf_hub_download(repo, name, revision=revision or None)
@@ -137,10 +150,59 @@ def _hub_file(repo_id: str, filename: str | None) -> dict[str, torch.Tensor]:
             if name == names[-1]:
                 raise
             continue
-        if name.endswith(".safetensors"):
+        return _read_weights(path)
+    raise AssertionError(f"no weights file tried for {repo_id}")
+
+
+def hub_files(repo_id: str, filenames: Sequence[str], revision: str | None = None) -> list[str]:
+    """Local paths of ``filenames`` of a Hub repository: from the cache when there (no network used), otherwise
+    downloaded into it after one connection tells at once whether the Hub can be reached.
+
+    Raises:
+        OSError: when the files are not in the cache and cannot be fetched (with ``HF_HUB_OFFLINE=1``, at once).
+    """
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return [hf_hub_download(repo_id, name, revision=revision, local_files_only=True) for name in filenames]
+    except LocalEntryNotFoundError:
+        if constants.HF_HUB_OFFLINE:
+            raise
+    _check_reachable(constants.ENDPOINT)
+    return [hf_hub_download(repo_id, name, revision=revision) for name in filenames]
+
+
+def _read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """A weights file's tensors, or one :class:`ConfigError` naming a file that is damaged or not a checkpoint."""
+    try:
+        if str(path).endswith(".safetensors"):
+            from safetensors.torch import load_file
+
             return load_file(path, device="cpu")
         return torch.load(path, map_location="cpu", weights_only=True)
-    raise AssertionError(f"no weights file tried for {repo_id}")
+    except Exception as error:  # safetensors', pickle's and zip's errors alike
+        raise ConfigError(
+            f"The weights file {Path(path).resolve()} could not be read ({type(error).__name__}): it is damaged or "
+            "not a checkpoint.",
+            "Delete it so that it is fetched again, or copy an intact one there.",
+        ) from None
+
+
+def _check_reachable(endpoint: str, timeout: float = 5.0) -> None:
+    """Raises an ``OSError`` at once when ``endpoint``'s host takes no connection (no network, no name service)."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout).close()
+    except OSError as error:
+        raise OSError(
+            f"{url.hostname} cannot be reached ({error}); with a copied cache, set HF_HUB_OFFLINE=1 to read only the "
+            "cache"
+        ) from None
 
 
 def torchvision_state_dict(enum_name: str, member: str, flag: str) -> dict[str, torch.Tensor]:

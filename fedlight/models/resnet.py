@@ -11,19 +11,23 @@ Inputs: uint8 images (how the CIFAR-style loaders keep them, 4× smaller than fl
 and standardised with ``mean``/``std`` (ImageNet's by default, which the pretrained weights expect);
 floating-point inputs are taken as already standardised.
 
-Pretrained weights are PyTorch's (timm's ``resnet18.tv_in1k``/``resnet50.tv_in1k``), downloaded by timm or
-read from ``pretrained_file`` (a timm or torchvision checkpoint) where there is no network. fedlight's
-offline runs start from scratch (``pretrained: false``, the default), which their reports say.
+Pretrained weights are PyTorch's (timm's ``resnet18.tv_in1k``/``resnet50.tv_in1k``), fetched through the
+Hugging Face Hub's cache (:mod:`fedlight.models.hub`) or read from ``pretrained_file`` (a timm or torchvision
+checkpoint) where there is no network. They are read by :meth:`ResNet.load_pretrained`, which the client calls once
+before the first round, not when the network is built: a resumed run, whose checkpoint holds them, never needs them,
+and a run that cannot get them is refused at set-up together with any other missing input.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from fedlight.errors import ConfigError
+from fedlight.models.hub import timm_state_dict
 from fedlight.models.registry import register_model
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -38,8 +42,8 @@ class ResNet(nn.Module):
         arch: ``resnet18`` or ``resnet50``.
         input_shape: ``(channels, height, width)`` of one image.
         num_classes: number of logits.
-        pretrained: start from PyTorch's ImageNet weights (the paper's setting); the classifier (and a
-            CIFAR stem) is new.
+        pretrained: start from PyTorch's ImageNet weights (the paper's setting), loaded once before the first
+            round; the classifier (and a CIFAR stem) is new.
         pretrained_file: a local checkpoint of those weights (timm's or torchvision's ``.pth``/``.safetensors``),
             for machines without network.
         projection_dim: MOON's projection head of this output size (256 in MOON); ``null``: no head.
@@ -79,10 +83,20 @@ class ResNet(nn.Module):
             )
         if len(mean) != input_shape[0] or len(std) != input_shape[0]:
             problems.append(f"mean and std need one value per input channel ({input_shape[0]}), got {mean}, {std}.")
+        if pretrained and pretrained_file is not None and not Path(pretrained_file).expanduser().is_file():
+            problems.append(
+                f"--model.init_args.model_kwargs.pretrained_file={pretrained_file} does not exist. Give the path of "
+                f"{arch}'s ImageNet checkpoint (timm's {_PRETRAINED_TAGS[arch]!r} or torchvision's IMAGENET1K_V1 "
+                "file), leave it unset to fetch timm's, or train from scratch with pretrained=false."
+            )
         if problems:
             raise ConfigError(*problems)
+        import timm  # here, not at import: timm's model zoo takes ~1.5 s to import, and most runs never need it
+
         overrides = {key: tuple(value) for key, value in (("channels", channels), ("layers", layers)) if value}
-        self.backbone = _create(arch, pretrained, pretrained_file, in_chans=input_shape[0], **overrides)
+        # the architecture only, without a classifier (num_classes=0): the weights come from load_pretrained
+        self.backbone = timm.create_model(arch, pretrained=False, num_classes=0, in_chans=input_shape[0], **overrides)
+        self.arch, self.pretrained, self.pretrained_file = arch, pretrained, pretrained_file
         if stem_width is not None:
             _narrow_stem(self.backbone, stem_width)
         if cifar_stem:
@@ -99,6 +113,30 @@ class ResNet(nn.Module):
         # not in the state: the server neither aggregates nor checkpoints constants
         self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
+
+    def load_pretrained(self) -> None:
+        """Loads PyTorch's ImageNet weights into the encoder when ``pretrained`` (the classifier stays new).
+
+        Raises:
+            ConfigError: when the weights can be neither fetched nor read, or do not fit the architecture.
+        """
+        if not self.pretrained:
+            return
+        from timm.models import adapt_input_conv
+
+        state = {k: v for k, v in _imagenet_state(self.arch, self.pretrained_file).items() if not k.startswith("fc.")}
+        if "conv1.weight" in state:  # 1-channel (or other) inputs: timm's summed or repeated RGB filters
+            state["conv1.weight"] = adapt_input_conv(self.backbone.conv1.in_channels, state["conv1.weight"])
+        own = self.backbone.state_dict()
+        missing = [k for k in own if k not in state]
+        foreign = [k for k in state if k not in own or state[k].shape != own[k].shape]
+        if missing or foreign:
+            source = self.pretrained_file or _PRETRAINED_TAGS[self.arch]
+            raise ConfigError(
+                f"The weights {source} do not fit {self.arch}: missing {missing[:3]}, unexpected or of another "
+                f"shape {foreign[:3]}. Give {self.arch}'s own ImageNet checkpoint."
+            )
+        self.backbone.load_state_dict(state)
 
     def standardise(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 images → ((x / 255) − mean) / std in the model's dtype; floating-point inputs pass unchanged."""
@@ -118,24 +156,27 @@ class ResNet(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-def _create(arch: str, pretrained: bool, pretrained_file: str | None, **kwargs) -> nn.Module:
-    """The timm network without its classifier (``num_classes=0``), with PyTorch's weights if asked."""
-    import timm  # here, not at import: timm's model zoo takes ~1.5 s to import, and most runs never need it
-
-    if not pretrained:
-        return timm.create_model(arch, pretrained=False, num_classes=0, **kwargs)
-    tag = _PRETRAINED_TAGS[arch]
-    overlay = {"file": pretrained_file} if pretrained_file else None
+def _imagenet_state(arch: str, pretrained_file: str | None) -> dict[str, torch.Tensor]:
+    """PyTorch's ImageNet weights of ``arch`` from ``pretrained_file`` or timm's Hub tag (timm and torchvision name
+    a ResNet's tensors alike, so either file fits)."""
+    flag = "--model.init_args.model_kwargs.pretrained"
+    if pretrained_file is None:
+        return timm_state_dict(_PRETRAINED_TAGS[arch], flag)
+    path = Path(pretrained_file).expanduser()
     try:
-        return timm.create_model(tag, pretrained=True, num_classes=0, pretrained_cfg_overlay=overlay, **kwargs)
-    except Exception as err:  # no network, a missing or foreign file: one message that says what to do
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(path, device="cpu")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # safetensors, pickle and zip errors alike: a damaged or foreign file
         raise ConfigError(
-            f"Could not load the ImageNet weights of {arch} (timm's {tag!r}, PyTorch's weights): "
-            f"{type(err).__name__}: {err}",
-            f"Download them where there is network (timm.create_model({tag!r}, pretrained=True) caches them, or "
-            f"torchvision's {arch} IMAGENET1K_V1 .pth) and pass --model.init_args.model_kwargs.pretrained_file=<path>, "
-            "or train from scratch with pretrained=false.",
-        ) from err
+            f"--model.init_args.model_kwargs.pretrained_file={pretrained_file} could not be read as a checkpoint "
+            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}).",
+            f"Replace it with {arch}'s ImageNet weights (timm's {_PRETRAINED_TAGS[arch]!r} or torchvision's "
+            "IMAGENET1K_V1 .pth).",
+        ) from None
+    return state.get("state_dict", state) if isinstance(state, dict) else state
 
 
 def _narrow_stem(backbone: nn.Module, width: int) -> None:

@@ -1,5 +1,4 @@
 import pytest
-import segmentation_models_pytorch as smp
 import torch
 
 from fedlight.errors import ConfigError
@@ -31,19 +30,21 @@ def test_output_stride_16_by_default():
     assert _model(output_stride=8).model.encoder(torch.zeros(1, 3, 64, 64))[-1].shape[-2:] == (8, 8)
 
 
-def test_pretrained_weights_load_later_into_the_encoder(monkeypatch):
+def test_pretrained_weights_load_later_into_the_encoder(monkeypatch, tmp_path):
+    """The encoder's ImageNet weights are read from the hub cache as a machine without network has it copied."""
+    import huggingface_hub.constants
+    from miniatures.weights import write_smp_encoder
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     model = create_model("deeplabv3plus", input_shape=(3, 32, 32), num_classes=5)  # imagenet: nothing read yet
-    reference = smp.encoders.get_encoder("mobilenet_v2", weights=None, output_stride=16)
-    calls = []
-
-    def fake_get_encoder(name, **kwargs):
-        calls.append((name, kwargs["weights"]))
-        return reference
-
-    monkeypatch.setattr(smp.encoders, "get_encoder", fake_get_encoder)
+    write_smp_encoder(tmp_path, "mobilenet_v2")
+    (written,) = tmp_path.glob("models--smp-hub--mobilenet_v2.imagenet/snapshots/*/model.safetensors")
+    reference = load_file(written)
+    assert not torch.equal(model.model.encoder.state_dict()["features.0.0.weight"], reference["features.0.0.weight"])
     model.load_pretrained()
-    assert calls == [("mobilenet_v2", "imagenet")]
-    for name, value in reference.state_dict().items():
+    for name, value in reference.items():
         torch.testing.assert_close(model.model.encoder.state_dict()[name], value)
 
 

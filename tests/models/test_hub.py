@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
+from miniatures.weights import write_timm_tag
 
 from fedlight.clients import UnsupervisedSegmentationClient
 from fedlight.errors import ConfigError
@@ -96,19 +97,6 @@ def test_torchvisions_tag_is_read_from_torchs_hub_folder(tmp_path, monkeypatch):
     assert str(folder) in str(error.value)
 
 
-def _hub_cache(cache: Path, tag: str, state: dict) -> None:
-    """Writes ``state`` as timm's ``tag`` in huggingface_hub's cache layout."""
-    from safetensors.torch import save_file
-
-    repo = cache / f"models--timm--{tag}"
-    revision = "0" * 40
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(revision)
-    snapshot = repo / "snapshots" / revision
-    snapshot.mkdir(parents=True)
-    save_file({key: value.contiguous() for key, value in state.items()}, snapshot / "model.safetensors")
-
-
 CHILD = """
 import json, sys, torch
 from fedlight.clients import UnsupervisedSegmentationClient
@@ -139,8 +127,8 @@ def test_timm_tags_load_from_a_local_hub_cache_offline(tmp_path):
     # random values in ViT-S/8's shapes at 224×224, without timm's slow initialisation
     shapes = build_patch_backbone("vit_small_patch8_224", image_size=224, initialize=False).vit.state_dict()
     vit = {key: torch.randn(value.shape) for key, value in shapes.items()}
-    _hub_cache(cache, "mobilenetv2_100.ra_in1k", mobilenet)
-    _hub_cache(cache, "vit_small_patch8_224.dino", vit)
+    write_timm_tag(cache, "mobilenetv2_100.ra_in1k", mobilenet)
+    write_timm_tag(cache, "vit_small_patch8_224.dino", vit)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "PYTHONPATH": str(REPO)}
     script = tmp_path / "child.py"
     script.write_text(textwrap.dedent(CHILD))

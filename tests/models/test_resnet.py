@@ -61,13 +61,15 @@ def test_pretrained_weights_load_from_a_local_file(tmp_path):
     model = create_model(
         "resnet18", input_shape=(3, 32, 32), num_classes=10, pretrained=True, pretrained_file=str(path)
     )
+    assert not torch.equal(model.backbone.conv1.weight, reference.conv1.weight)  # read once the run starts
+    model.load_pretrained()
     torch.testing.assert_close(model.backbone.conv1.weight, reference.conv1.weight)
     torch.testing.assert_close(model.backbone.layer4[1].bn2.running_var, reference.layer4[1].bn2.running_var)
     assert model.head.out_features == 10  # a new classifier
 
 
 def test_missing_pretrained_file_says_what_to_do(tmp_path):
-    with pytest.raises(ConfigError, match=r"pretrained_file=<path>"):
+    with pytest.raises(ConfigError, match=r"pretrained_file=.*absent\.pth does not exist"):
         create_model(
             "resnet18", input_shape=(3, 32, 32), num_classes=10, pretrained=True,
             pretrained_file=str(tmp_path / "absent.pth"),
@@ -85,3 +87,23 @@ def test_narrow_stem_feeds_the_first_block():
     assert backbone.conv1.out_channels == backbone.bn1.num_features == 4
     assert backbone.layer1[0].conv1.in_channels == backbone.layer1[0].downsample[0].in_channels == 4
     assert model(torch.randn(2, 3, 16, 16)).shape == (2, 5)
+
+
+def test_a_damaged_pretrained_file_is_one_message_naming_it(tmp_path):
+    path = tmp_path / "resnet18.pth"
+    path.write_bytes(b"not a checkpoint")
+    model = create_model(
+        "resnet18", input_shape=(3, 32, 32), num_classes=10, pretrained=True, pretrained_file=str(path)
+    )
+    with pytest.raises(ConfigError, match=rf"pretrained_file={path} could not be read as a checkpoint"):
+        model.load_pretrained()
+
+
+def test_weights_of_another_network_are_refused_by_name(tmp_path):
+    path = tmp_path / "resnet50.pth"
+    torch.save(timm.create_model("resnet50", num_classes=1000).state_dict(), path)
+    model = create_model(
+        "resnet18", input_shape=(3, 32, 32), num_classes=10, pretrained=True, pretrained_file=str(path)
+    )
+    with pytest.raises(ConfigError, match=rf"{path} do not fit resnet18"):
+        model.load_pretrained()
