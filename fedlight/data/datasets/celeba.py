@@ -34,7 +34,7 @@ from PIL import Image
 from torchvision.datasets.utils import download_file_from_google_drive
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
-from fedlight.data.datasets.download import download_failed, download_lock
+from fedlight.data.datasets.download import download_failed, download_lock, missing_files
 from fedlight.data.readers.image_files import read_cached_images, write_cached_images
 from fedlight.errors import ConfigError
 
@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 _LABEL = "Smiling"
 _FILES = ("identity_CelebA.txt", "list_attr_celeba.txt", "img_align_celeba")
 _ARCHIVE = "img_align_celeba.zip"
+_AGAIN = (
+    "download it again from the CelebA site (https://mmlab.ie.cuhk.edu.hk/projects/CelebA.html), or delete it and "
+    "set --data.dataset.init_args.download=true."
+)
 
 
 class CelebA(FederatedDataset):
@@ -107,13 +111,21 @@ class CelebA(FederatedDataset):
         if missing:
             raise ConfigError(
                 f"CelebA is incomplete under --data.dataset.init_args.root={self.root}: {folder} lacks "
-                f"{', '.join(missing)}. Download img_align_celeba.zip, identity_CelebA.txt and list_attr_celeba.txt "
+                f"{', '.join(missing)}.",
+                *missing_files([folder / name for name in missing if name.endswith(".txt")]),
+                *([f"{folder / 'img_align_celeba'}/ is missing."] if "img_align_celeba" in missing else []),
+                "Download img_align_celeba.zip, identity_CelebA.txt and list_attr_celeba.txt "
                 f"from the CelebA site (https://mmlab.ie.cuhk.edu.hk/projects/CelebA.html) into {folder}/ and "
                 "unzip the images there, or set --data.dataset.init_args.download=true (Google Drive, through gdown: "
-                'pip install -e ".[celeba]").'
+                'pip install -e ".[celeba]").',
             )
-        filenames, identities = self._select(folder / "identity_CelebA.txt")
+        filenames, identities, listed = self._select(folder / "identity_CelebA.txt")
         smiling = _read_attribute(folder / "list_attr_celeba.txt", _LABEL)
+        if listed != len(smiling):  # both files list every image; a file cut short at a line's end shows here
+            raise ConfigError(
+                f"{folder / 'identity_CelebA.txt'} lists {listed} images but {folder / 'list_attr_celeba.txt'} lists "
+                f"{len(smiling)}: one of them is cut short or damaged; {_AGAIN}"
+            )
         unlabelled = [name for name in filenames if name not in smiling]
         if unlabelled:
             raise ConfigError(
@@ -128,9 +140,19 @@ class CelebA(FederatedDataset):
             groups=groups.astype(np.int64),
         )
 
-    def _select(self, identity_file: Path) -> tuple[list[str], np.ndarray]:
-        """Returns the file names and identity ids of the kept celebrities' images, in file order."""
-        rows = [line.split() for line in identity_file.read_text().splitlines() if line.strip()]
+    def _select(self, identity_file: Path) -> tuple[list[str], np.ndarray, int]:
+        """Returns the file names and identity ids of the kept celebrities' images, in file order, and the number
+        of images the file lists."""
+        rows = []
+        for number, line in enumerate(_read_lines(identity_file), start=1):
+            fields = line.split()
+            if fields and (len(fields) != 2 or not fields[1].isdigit()):
+                raise ConfigError(
+                    f"Line {number} of {identity_file} is not '<image file> <identity id>': {line[:80]!r}; the file "
+                    f"is damaged: {_AGAIN}"
+                )
+            if fields:
+                rows.append(fields)
         counts = Counter(identity for _, identity in rows)
         kept = sorted(int(i) for i, count in counts.items() if count >= self.min_images)
         if self.max_users is not None:
@@ -142,7 +164,8 @@ class CelebA(FederatedDataset):
             )
         kept_set = set(kept)
         selected = [(name, int(identity)) for name, identity in rows if int(identity) in kept_set]
-        return [name for name, _ in selected], np.array([identity for _, identity in selected], dtype=np.int64)
+        identities = np.array([identity for _, identity in selected], dtype=np.int64)
+        return [name for name, _ in selected], identities, len(rows)
 
     def _load_images(self, image_dir: Path, filenames: list[str]) -> torch.Tensor:
         """Returns the ``[N, 3, S, S]`` uint8 images, from the cache when it holds exactly these files."""
@@ -188,12 +211,36 @@ def _gdown_installed() -> bool:
 
 def _read_attribute(attr_file: Path, name: str) -> dict[str, int]:
     """Maps every file name of ``list_attr_celeba.txt`` to its ±1 value of attribute ``name``."""
-    lines = attr_file.read_text().splitlines()  # a count, the 40 attribute names, then one row per image
+    lines = _read_lines(attr_file)  # a count, the 40 attribute names, then one row per image
+    if len(lines) < 2 or not lines[0].strip().isdigit():
+        raise ConfigError(f"{attr_file} does not start with its number of rows and the attribute names: {_AGAIN}")
     header = lines[1].split()
     if name not in header:
         raise ConfigError(f"{attr_file} has no {name!r} column in its header line; download the file again.")
     column = header.index(name) + 1  # the file name comes first in each row
-    return {fields[0]: int(fields[column]) for fields in map(str.split, lines[2:]) if fields}
+    values = {}
+    for number, fields in enumerate(map(str.split, lines[2:]), start=3):
+        if not fields:
+            continue
+        if len(fields) != len(header) + 1 or any(value not in ("1", "-1") for value in fields[1:]):
+            raise ConfigError(
+                f"Line {number} of {attr_file} is not an image's file name and {len(header)} values of ±1: the "
+                f"file is damaged: {_AGAIN}"
+            )
+        values[fields[0]] = int(fields[column])
+    if len(values) != int(lines[0]):  # the count is how a file cut short at a line's end shows
+        raise ConfigError(
+            f"{attr_file} announces {int(lines[0])} rows but holds {len(values)}: it is cut short or damaged: {_AGAIN}"
+        )
+    return values
+
+
+def _read_lines(path: Path) -> list[str]:
+    """The lines of one of CelebA's text files, or a :class:`ConfigError` naming it when it is not text."""
+    try:
+        return path.read_text(encoding="ascii").splitlines()
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path} is not a text file ({error}): it is damaged: {_AGAIN}") from error
 
 
 def _decode_all(image_dir: Path, filenames: list[str], size: int) -> torch.Tensor:
@@ -209,6 +256,12 @@ def _decode_all(image_dir: Path, filenames: list[str], size: int) -> torch.Tenso
             raise ConfigError(
                 f"{path} is listed in identity_CelebA.txt but missing; extract img_align_celeba.zip into "
                 f"{image_dir.parent}/ again."
+            ) from error
+        # Pillow reports a file it cannot identify or decode (garbage, cut short) as an OSError
+        except (OSError, SyntaxError, ValueError) as error:
+            raise ConfigError(
+                f"{path} cannot be decoded as an image ({type(error).__name__}: {error}): it is damaged or cut "
+                f"short; extract img_align_celeba.zip into {image_dir.parent}/ again."
             ) from error
         images[index] = torch.from_numpy(pixels).permute(2, 0, 1)  # [S, S, 3] → [3, S, S]
 

@@ -9,6 +9,7 @@ uint8, decoded once and cached (:mod:`fedlight.data.readers.image_files`).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -72,10 +73,24 @@ class CINIC10(FederatedDataset):
                 f"{', '.join(missing)}. Download {_URL} and extract it so that "
                 f"{root}/{{train,valid,test}}/<class>/*.png exist, or set --data.dataset.init_args.download=true."
             )
-        paths, labels = [], []
+        paths, labels, problems = [], [], []
         for label, folder in enumerate(folders):
-            files = sorted(folder.glob("*.png"))
+            # hidden files (a desktop's .DS_Store) are no images; anything else not named *.png is one renamed.
+            # scandir knows each entry's kind without a stat call per file
+            with os.scandir(folder) as scan:
+                entries = [(entry.name, entry.is_file()) for entry in scan if not entry.name.startswith(".")]
+            files = sorted(folder / name for name, is_file in entries if is_file and name.endswith(".png"))
+            others = sorted(folder / name for name, is_file in entries if not (is_file and name.endswith(".png")))
+            problems += [f"{entry} is not a .png file, the only kind CINIC-10 holds." for entry in others[:5]]
+            if not files:
+                problems.append(f"{folder} holds no .png images.")
             paths += files
             labels += [label] * len(files)
-        images = cached_images(root, split, paths, (32, 32), self.cache)
+        if problems:
+            raise ConfigError(
+                *problems,
+                f"Give every file of {root}/{{train,valid,test}}/<class>/ its original name, or extract {_URL} into "
+                f"{root}/ again.",
+            )
+        images = cached_images(root, split, paths, (32, 32), self.cache, source=_URL)
         return LabelledTensors(images, torch.tensor(labels, dtype=torch.int64))

@@ -9,11 +9,18 @@ machine and copied there; without ``download`` a missing dataset raises the same
 
 The processes of one run (``--trainer.devices=N``) each build the data: a lock file in the target folder lets
 the first one download while the others wait, then find the files there.
+
+A copy whose files differ from the published ones (a mirror, a re-packed archive) is verified against a list of
+MD5 sums in ``md5sum``'s format (:func:`read_checksums`). Files a reader expects but cannot find are named one by
+one, with a file of a similar name in the same folder pointed out as a likely renamed copy (:func:`missing_files`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
+import posixpath
+import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -83,7 +90,14 @@ def fetch_archive(
 
 
 def through_torchvision(
-    read: Callable[[], T], name: str, urls: Sequence[str], root: str, folder: str | Path, download: bool, missing: str
+    read: Callable[[], T],
+    name: str,
+    urls: Sequence[str],
+    root: str,
+    folder: str | Path,
+    download: bool,
+    missing: str,
+    expected: Sequence[Path] = (),
 ) -> T:
     """Calls a torchvision dataset constructor, turning its failure into one actionable :class:`ConfigError`.
 
@@ -95,18 +109,91 @@ def through_torchvision(
         folder: where the files go.
         download: whether ``read`` was asked to download.
         missing: what to do when the files are absent and nothing was downloaded.
+        expected: the files the dataset needs; those absent are named in the message, one per line.
     """
     try:
         with download_lock(folder) if download else contextlib.nullcontext():
             return read()  # torchvision checks the files first and downloads only what is missing
     except (OSError, RuntimeError) as error:
+        absent = missing_files(expected)
         if download:
-            raise download_failed(name, urls, folder, error) from error
+            raise ConfigError(*absent, *download_failed(name, urls, folder, error).problems) from error
+        found = (
+            [f"{name} is incomplete under --data.dataset.init_args.root={root}:", *absent]
+            if absent
+            else [f"{name} was not found under --data.dataset.init_args.root={root} ({_first_line(error)})."]
+        )
         raise ConfigError(
-            f"{name} was not found under --data.dataset.init_args.root={root} ({_first_line(error)}).",
+            *found,
             f"Set --data.dataset.init_args.download=true to fetch it from {' or '.join(urls)} into {folder}/, or "
             f"{missing}",
         ) from error
+
+
+def missing_files(paths: Sequence[Path], limit: int = 5) -> list[str]:
+    """One line per file of ``paths`` that is absent, the first ``limit`` named and the rest counted.
+
+    A file of a similar name in the same folder that is not itself one of ``paths`` is named as what is likely
+    the file renamed (``train-images.idx3-ubyte`` for ``train-images-idx3-ubyte``), so the fix is a rename.
+    """
+    absent = [Path(path) for path in paths if not Path(path).is_file()]
+    wanted = {Path(path) for path in paths}
+    listings: dict[Path, list[str]] = {}  # each folder is listed once, however many of its files are absent
+    lines = []
+    for path in absent[:limit]:
+        if path.parent not in listings:
+            names = sorted(p.name for p in path.parent.iterdir()) if path.parent.is_dir() else []
+            listings[path.parent] = [n for n in names if path.parent / n not in wanted and not n.startswith(".")]
+        similar = difflib.get_close_matches(path.name, listings[path.parent], n=1, cutoff=0.85)
+        hint = f" ({path.parent / similar[0]} is there: if it is this file, rename it)" if similar else ""
+        lines.append(f"{path} is missing{hint}.")
+    if len(absent) > limit:
+        lines.append(f"… and {len(absent) - limit} more files are missing.")
+    return lines
+
+
+# md5sum's lines: the sum, a space, then a space (text mode) or '*' (binary mode), then the path
+_MD5SUM_LINE = re.compile(r"([0-9a-fA-F]{32}) [ *](.+)")
+
+
+def read_checksums(file: str | Path, flag: str = "--data.dataset.init_args.checksums") -> dict[str, str]:
+    """The MD5 sums of a file in ``md5sum``'s format, by normalised ``/``-separated path.
+
+    Each non-blank line is ``<md5>  <path>`` (``<md5> *<path>`` in binary mode); lines starting with ``#`` are
+    comments. Paths are taken as written (relative to the dataset's root), with ``./`` and ``\\`` normalised.
+
+    Args:
+        file: the list of sums.
+        flag: the option that named ``file``, for the message.
+
+    Raises:
+        ConfigError: when the file cannot be read or a line is not in that format, naming the file and line.
+    """
+    try:
+        text = Path(file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(
+            f"{flag}={file} cannot be read as a list of MD5 sums ({type(error).__name__}: {error}); give a text file "
+            "with one '<md5>  <path relative to root>' line per file, as md5sum writes it."
+        ) from error
+    sums = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        match = _MD5SUM_LINE.fullmatch(line)
+        if match is None:
+            raise ConfigError(
+                f"Line {number} of {flag}={file} is not '<md5>  <path>' (md5sum's format): {line[:80]!r}. Write "
+                "a 32-digit hexadecimal MD5, two spaces and the file's path relative to root, e.g. with "
+                "`md5sum cifar-10-batches-py/*` run in root."
+            )
+        sums[normalised_path(match[2])] = match[1].lower()
+    return sums
+
+
+def normalised_path(path: str) -> str:
+    """``path`` with ``/`` separators and without ``./`` or doubled separators, as :func:`read_checksums` keys it."""
+    return posixpath.normpath(path.replace("\\", "/"))
 
 
 def _first_line(error: BaseException) -> str:

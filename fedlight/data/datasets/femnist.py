@@ -22,6 +22,7 @@ from torchvision.datasets import EMNIST
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
 from fedlight.data.datasets.download import through_torchvision
+from fedlight.data.datasets.mnist import check_idx_files
 from fedlight.errors import ConfigError
 
 # EMNIST byclass labels: digits 0–9, upper-case A–Z 10–35, lower-case a–z 36–61; a–j are 36–45.
@@ -93,6 +94,18 @@ class FEMNIST(FederatedDataset):
 def _read_split(root: str, train: bool, download: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns one byclass split's ``[N, 28, 28]`` uint8 images and ``[N]`` labels, or raises a :class:`ConfigError`."""
     raw = Path(root) / "EMNIST" / "raw"
+    files = [
+        raw / f"emnist-byclass-{split}-{part}-ubyte"
+        for split in ("train", "test")
+        for part in ("images-idx3", "labels-idx1")
+    ]
+    prefix = f"emnist-byclass-{'train' if train else 'test'}"
+    split_files = [(raw / f"{prefix}-images-idx3-ubyte", 3), (raw / f"{prefix}-labels-idx1-ubyte", 1)]
+    fix = (
+        "Replace it with the uncompressed file of NIST's gzip.zip, or delete it and set "
+        "--data.dataset.init_args.download=true."
+    )
+    check_idx_files(split_files, root, fix)
     split = through_torchvision(
         lambda: EMNIST(root, split="byclass", train=train, download=download),
         "EMNIST byclass",
@@ -103,5 +116,8 @@ def _read_split(root: str, train: bool, download: bool) -> tuple[torch.Tensor, t
         missing="put the four uncompressed files emnist-byclass-train-images-idx3-ubyte, "
         "emnist-byclass-train-labels-idx1-ubyte, emnist-byclass-test-images-idx3-ubyte and "
         f"emnist-byclass-test-labels-idx1-ubyte (from NIST's gzip.zip) into {raw}/.",
+        expected=files,
     )
+    if download:
+        check_idx_files(split_files, root, fix)  # files fetched just now were not checked above
     return split.data, split.targets

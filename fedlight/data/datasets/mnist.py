@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 from torchvision.datasets import MNIST as TorchvisionMNIST
 
@@ -60,23 +61,69 @@ class MNIST(FederatedDataset):
 def _read_split(root: str, train: bool, download: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns one split's ``[N, 28, 28]`` uint8 images and ``[N]`` labels, or raises a :class:`ConfigError`."""
     raw = Path(root) / "MNIST" / "raw"
-    try:
-        split = through_torchvision(
-            lambda: TorchvisionMNIST(root, train=train, download=download),
-            "MNIST",
-            TorchvisionMNIST.mirrors,
-            root,
-            raw,
-            download,
-            missing="put the four uncompressed files train-images-idx3-ubyte, train-labels-idx1-ubyte, "
-            f"t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte into {raw}/.",
-        )
-    except (AssertionError, ValueError) as error:  # torchvision's checks of the IDX files' headers and sizes
-        kind = "train" if train else "t10k"
-        raise ConfigError(
-            f"The MNIST files {raw}/{kind}-images-idx3-ubyte and {raw}/{kind}-labels-idx1-ubyte (under "
-            f"--data.dataset.init_args.root={root}) are not valid IDX files ({type(error).__name__}"
-            f"{': ' + str(error) if str(error) else ''}): damaged, compressed or of another dataset. Replace them with "
-            "the four uncompressed files of MNIST."
-        ) from None
+    kind = "train" if train else "t10k"
+    files = [raw / f"{prefix}-{part}-ubyte" for prefix in ("train", "t10k") for part in ("images-idx3", "labels-idx1")]
+    fix = (
+        "Replace it with MNIST's original file (uncompressed), or delete it and set "
+        "--data.dataset.init_args.download=true."
+    )
+    split_files = [(raw / f"{kind}-images-idx3-ubyte", 3), (raw / f"{kind}-labels-idx1-ubyte", 1)]
+    check_idx_files(split_files, root, fix)
+    split = through_torchvision(
+        lambda: TorchvisionMNIST(root, train=train, download=download),
+        "MNIST",
+        TorchvisionMNIST.mirrors,
+        root,
+        raw,
+        download,
+        missing="put the four uncompressed files train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+        f"t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte into {raw}/.",
+        expected=files,
+    )
+    if download:
+        check_idx_files(split_files, root, fix)  # files fetched just now were not checked above
     return split.data, split.targets
+
+
+def idx_problem(path: Path, ndim: int) -> str | None:
+    """What is wrong with ``path`` as an uncompressed uint8 IDX file of ``ndim`` dimensions, or None when nothing is.
+
+    The format (LeCun's MNIST page): bytes 0, 0, 0x08 (uint8) and the number of dimensions, each dimension's size as
+    a big-endian 32-bit integer, then the values. Only the header and the file's size are read.
+    """
+    with open(path, "rb") as file:
+        header = file.read(4 + 4 * ndim)
+    if header[:2] == b"\x1f\x8b":
+        return f"{path} is gzip-compressed: unpack it (gunzip) in place, keeping this name without .gz"
+    if len(header) < 4 + 4 * ndim or header[:4] != bytes([0, 0, 0x08, ndim]):
+        return f"{path} does not start with the header of a {ndim}-dimensional uint8 IDX file"
+    sizes = [int.from_bytes(header[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    expected = len(header) + int(np.prod(sizes))
+    actual = path.stat().st_size
+    if actual != expected:
+        shape = "×".join(map(str, sizes))
+        return (
+            f"{path} holds {actual} bytes, but its header announces {shape} values ({expected} bytes): it is cut "
+            "short or damaged"
+        )
+    return None
+
+
+def check_idx_files(files: list[tuple[Path, int]], root: str, fix: str) -> None:
+    """Raises one :class:`ConfigError` naming each present file of ``(path, ndim)`` that is not a valid IDX file,
+    or whose number of items differs from the other files' (images and their labels)."""
+    problems = [problem for path, ndim in files if path.is_file() and (problem := idx_problem(path, ndim))]
+    present = [path for path, _ in files if path.is_file()]
+    if not problems and len(present) == len(files):
+        counts = {path: _first_size(path) for path in present}
+        if len(set(counts.values())) > 1:
+            listed = ", ".join(f"{path} holds {count}" for path, count in counts.items())
+            problems = [f"The IDX files of one split hold different numbers of items ({listed})"]
+    if problems:
+        raise ConfigError(*(f"{problem} (under --data.dataset.init_args.root={root})." for problem in problems), fix)
+
+
+def _first_size(path: Path) -> int:
+    """The number of items of an IDX file: its first dimension."""
+    with open(path, "rb") as file:
+        return int.from_bytes(file.read(8)[4:8], "big")

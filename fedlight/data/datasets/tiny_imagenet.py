@@ -2,10 +2,13 @@
 
 The official archive ``tiny-imagenet-200.zip`` unpacks to::
 
-    <root>/wnids.txt                              the 200 class ids (WordNet ids)
-    <root>/train/<wnid>/images/*.JPEG             500 training images per class
-    <root>/val/images/*.JPEG                      10,000 labelled validation images
+    <root>/wnids.txt                              the 200 class ids (WordNet ids), one per line
+    <root>/words.txt                              "<wnid>\\t<words>" for every WordNet id (not read)
+    <root>/train/<wnid>/images/<wnid>_<i>.JPEG    500 training images per class
+    <root>/train/<wnid>/<wnid>_boxes.txt          "<file>\\t<box>" per training image (not read)
+    <root>/val/images/val_<i>.JPEG                10,000 labelled validation images
     <root>/val/val_annotations.txt                "<file>\\t<wnid>\\t<box>" per validation image
+    <root>/test/images/test_<i>.JPEG              10,000 unlabelled test images (not read)
 
 The 100,000 training images are the pool partitioned over the clients; the 10,000 validation images are
 the global test set (the official test images have no labels). Classes are numbered in sorted wnid
@@ -15,12 +18,13 @@ order, as ``torchvision.datasets.ImageFolder`` numbers ``train/``. Images are ``
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
-from fedlight.data.datasets.download import fetch_archive
+from fedlight.data.datasets.download import fetch_archive, missing_files
 from fedlight.data.readers.image_files import cached_images
 from fedlight.errors import ConfigError
 
@@ -55,24 +59,57 @@ class TinyImageNet(FederatedDataset):
     def load_train(self) -> LabelledTensors:
         """The 100,000 training images, class by class in sorted file order."""
         root, classes = Path(self.root), self._classes()
-        paths, labels = [], []
+        paths, labels, problems = [], [], []
         for label, wnid in enumerate(classes):
-            files = sorted((root / "train" / wnid / "images").glob("*.JPEG"))
+            folder = root / "train" / wnid / "images"
+            if not folder.is_dir():
+                problems.append(f"{folder} is missing, though {root / 'wnids.txt'} lists {wnid}.")
+                continue
+            # hidden files (a desktop's .DS_Store) are no images; anything else not named *.JPEG is one renamed.
+            # scandir knows each entry's kind without a stat call per file
+            with os.scandir(folder) as scan:
+                entries = [(entry.name, entry.is_file()) for entry in scan if not entry.name.startswith(".")]
+            files = sorted(folder / name for name, is_file in entries if is_file and name.endswith(".JPEG"))
+            others = sorted(folder / name for name, is_file in entries if not (is_file and name.endswith(".JPEG")))
+            problems += [f"{path} is not a .JPEG file, the only kind TinyImageNet holds." for path in others[:5]]
+            if not files:
+                problems.append(f"{folder} holds no .JPEG images.")
             paths += files
             labels += [label] * len(files)
-        return LabelledTensors(cached_images(root, "train", paths, (64, 64), self.cache), torch.tensor(labels))
+        if problems:
+            raise ConfigError(*problems[:10], self._again())
+        images = cached_images(root, "train", paths, (64, 64), self.cache, source=_URL)
+        return LabelledTensors(images, torch.tensor(labels))
 
     def load_test(self) -> LabelledTensors:
         """The 10,000 validation images, in annotation-file order."""
         root, classes = Path(self.root), self._classes()
         index = {wnid: label for label, wnid in enumerate(classes)}
+        annotations = root / "val" / "val_annotations.txt"
         paths, labels = [], []
-        for line in (root / "val" / "val_annotations.txt").read_text().splitlines():
-            if line.strip():
-                name, wnid = line.split("\t")[:2]
-                paths.append(root / "val" / "images" / name)
-                labels.append(index[wnid])
-        return LabelledTensors(cached_images(root, "val", paths, (64, 64), self.cache), torch.tensor(labels))
+        for number, line in enumerate(_read_text(annotations, self._again()).splitlines(), start=1):
+            if not line.strip():
+                continue
+            fields = line.split("\t")
+            if len(fields) < 2 or fields[1] not in index:
+                raise ConfigError(
+                    f"Line {number} of {annotations} is not '<file>\\t<wnid>\\t<box>' with a wnid of "
+                    f"{root / 'wnids.txt'}: {line[:80]!r}.",
+                    self._again(),
+                )
+            paths.append(root / "val" / "images" / fields[0])
+            labels.append(index[fields[1]])
+        absent = missing_files(paths)
+        if absent:
+            raise ConfigError(
+                *absent, f"Every image {annotations} lists must be in {root / 'val' / 'images'}/. " + self._again()
+            )
+        images = cached_images(root, "val", paths, (64, 64), self.cache, source=_URL)
+        return LabelledTensors(images, torch.tensor(labels))
+
+    def _again(self) -> str:
+        """How to restore a damaged or incomplete copy."""
+        return f"Unzip {_URL} again and point --data.dataset.init_args.root at its {_FOLDER}/ folder."
 
     def _classes(self) -> list[str]:
         root = Path(self.root)
@@ -82,15 +119,25 @@ class TinyImageNet(FederatedDataset):
             fetch_archive("TinyImageNet", _URL, _MD5, root.parent, done=lambda: all(p.exists() for p in needed))
             missing = [str(p) for p in needed if not p.exists()]
         if missing:
+            renamed = missing_files([p for p in needed if p.suffix == ".txt"])  # a hint where a file was renamed
             raise ConfigError(
                 f"TinyImageNet was not found under --data.dataset.init_args.root={self.root}: missing "
                 f"{', '.join(missing)}. Download {_URL} and unzip it, then point root at its {_FOLDER}/ folder (or set "
-                "--data.dataset.init_args.download=true)."
+                "--data.dataset.init_args.download=true).",
+                *(line for line in renamed if " is there: " in line),
             )
-        classes = sorted((root / "wnids.txt").read_text().split())
+        classes = sorted(_read_text(root / "wnids.txt", self._again()).split())
         if len(classes) != self.num_classes:
             raise ConfigError(
                 f"{root / 'wnids.txt'} lists {len(classes)} classes, not {self.num_classes}: "
                 f"--data.dataset.init_args.root={self.root} is not an intact TinyImageNet. Unzip {_URL} again."
             )
         return classes
+
+
+def _read_text(path: Path, fix: str) -> str:
+    """The text of one of the dataset's listing files, or a :class:`ConfigError` naming it when it is not text."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path} is not a text file ({error}): it is damaged.", fix) from error

@@ -19,32 +19,54 @@ import torch
 from PIL import Image
 
 from fedlight.data.cache_files import tensor_digest
+from fedlight.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 
-def decode_images(paths: Sequence[Path], size: tuple[int, int]) -> torch.Tensor:
+def decode_images(paths: Sequence[Path], size: tuple[int, int], source: str = "the dataset") -> torch.Tensor:
     """Returns ``[N, 3, H, W]`` uint8 RGB images decoded from ``paths`` (greyscale files are expanded to RGB).
 
+    Args:
+        paths: the image files.
+        size: their (H, W).
+        source: where the original files come from (an archive), for the message.
+
     Raises:
-        ValueError: if an image is not ``size`` = (H, W).
+        ConfigError: naming the file, if an image is missing, cannot be decoded or is not ``size``.
     """
     images = torch.empty(len(paths), 3, *size, dtype=torch.uint8)
     for i, path in enumerate(paths):
-        with Image.open(path) as file:
-            pixels = np.array(file.convert("RGB"))  # [H, W, 3], a writable copy
+        try:
+            with Image.open(path) as file:
+                pixels = np.array(file.convert("RGB"))  # [H, W, 3], a writable copy
+        except FileNotFoundError as error:
+            raise ConfigError(f"{path} is missing; restore it from {source}.") from error
+        # Pillow reports a file it cannot identify or decode (garbage, cut short) as an OSError, or a
+        # SyntaxError from its PNG parser; either way the file is bad, not the code
+        except (OSError, SyntaxError, ValueError) as error:
+            raise ConfigError(
+                f"{path} cannot be decoded as an image ({type(error).__name__}: {error}): it is damaged or cut "
+                f"short; replace it with the original from {source}."
+            ) from error
         if pixels.shape[:2] != tuple(size):
-            raise ValueError(f"{path} is {pixels.shape[:2]} pixels, expected {tuple(size)}")
+            raise ConfigError(
+                f"{path} is {pixels.shape[0]}×{pixels.shape[1]} pixels, but every image of this dataset is "
+                f"{size[0]}×{size[1]}; replace it with the original from {source}."
+            )
         images[i] = torch.from_numpy(pixels).permute(2, 0, 1)
     return images
 
 
-def cached_images(root: Path, split: str, paths: Sequence[Path], size: tuple[int, int], cache: bool) -> torch.Tensor:
+def cached_images(
+    root: Path, split: str, paths: Sequence[Path], size: tuple[int, int], cache: bool, source: str = "the dataset"
+) -> torch.Tensor:
     """:func:`decode_images` of ``paths``, read from or written to ``<root>/.fedlight_cache/<split>.pt``.
 
     The cache holds the file list and the images' digest; a cache that cannot be read, lists other files or
     whose images no longer match their digest is decoded again (with a warning naming it). A folder the cache
-    cannot be written to (read-only, full) only costs the decoding next time.
+    cannot be written to (read-only, full) only costs the decoding next time. ``source`` names where the
+    original files come from, for the message about a file that cannot be decoded.
     """
     names = [str(Path(p).relative_to(root)) for p in paths]
     file = root / ".fedlight_cache" / f"{split}.pt"
@@ -54,7 +76,7 @@ def cached_images(root: Path, split: str, paths: Sequence[Path], size: tuple[int
             return images
         log.warning("%s %s: decoding again", file, problem)
     log.info("decoding %d images of %s/%s (cached afterwards)", len(paths), root, split)
-    images = decode_images(paths, size)
+    images = decode_images(paths, size, source)
     if cache:
         write_cached_images(file, {"names": names, "images": images})
     return images

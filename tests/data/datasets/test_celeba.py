@@ -4,6 +4,7 @@ import zipfile
 import numpy as np
 import pytest
 import torch
+from miniatures.classification import write_celeba_files
 from PIL import Image
 from torchvision.datasets import CelebA as TorchvisionCelebA
 
@@ -35,16 +36,8 @@ def colour(index: int) -> tuple[int, int, int]:
 
 
 def fake_celeba(root) -> None:
-    """Writes a tiny CelebA in torchvision's layout: the two text files and one flat-coloured image per row."""
-    folder = root / "celeba"
-    (folder / "img_align_celeba").mkdir(parents=True)
-    for index, (name, _, _) in enumerate(ROWS):
-        Image.new("RGB", (9, 11), colour(index)).save(folder / "img_align_celeba" / name)
-    (folder / "identity_CelebA.txt").write_text("".join(f"{name} {celeb}\n" for name, celeb, _ in ROWS))
-    # like the real file: a count, the attribute names, then rows padded with double spaces
-    rows = "".join(f"{name}  -1 {smile:2d}  1\n" for name, _, smile in ROWS)
-    attributes = f"{len(ROWS)}\nBald Smiling Young \n{rows}"
-    (folder / "list_attr_celeba.txt").write_text(attributes)
+    """Writes a tiny CelebA in torchvision's layout: the text files and one flat-coloured PNG per row (lossless)."""
+    write_celeba_files(root, ROWS, lambda index: Image.new("RGB", (9, 11), colour(index)))
 
 
 def test_celeba_keeps_celebrities_with_enough_images_labelled_by_smiling(tmp_path) -> None:

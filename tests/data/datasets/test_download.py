@@ -21,6 +21,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 import torch
+from miniatures.classification import idx_bytes
 from PIL import Image
 from scipy.io import savemat
 from torchvision.datasets import CIFAR10 as TorchvisionCIFAR10
@@ -71,12 +72,6 @@ def closed_port():
 
 def md5(path) -> str:
     return hashlib.md5(path.read_bytes()).hexdigest()
-
-
-def idx_bytes(array: np.ndarray) -> bytes:
-    """A uint8 array as an IDX file: bytes 0, 0, 8 (uint8) and ndim, big-endian sizes, then the data."""
-    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
-    return header + array.astype(np.uint8).tobytes()
 
 
 def serve_mnist(folder) -> tuple[np.ndarray, list[tuple[str, str]]]:
@@ -193,12 +188,10 @@ def test_cifar10_downloads_through_torchvision_with_its_checksums(tmp_path, serv
     train_images, sums = cifar_archive(folder)
     monkeypatch.setattr(TorchvisionCIFAR10, "url", f"{url}cifar-10-python.tar.gz")
     monkeypatch.setattr(TorchvisionCIFAR10, "tgz_md5", md5(folder / "cifar-10-python.tar.gz"))
-    train_list = [[f"data_batch_{i}", sums[f"data_batch_{i}"]] for i in range(1, 6)]
-    monkeypatch.setattr(TorchvisionCIFAR10, "train_list", train_list)
-    monkeypatch.setattr(TorchvisionCIFAR10, "test_list", [["test_batch", sums["test_batch"]]])
-    meta = {"filename": "batches.meta", "key": "label_names", "md5": sums["batches.meta"]}
-    monkeypatch.setattr(TorchvisionCIFAR10, "meta", meta)
-    dataset = CIFAR10(root=str(tmp_path / "data"), download=True)
+    # the archive's files are verified against their own sums, as a mirror's would be
+    checksums = tmp_path / "cifar-10.md5"
+    checksums.write_text("".join(f"{sum_}  cifar-10-batches-py/{name}\n" for name, sum_ in sums.items()))
+    dataset = CIFAR10(root=str(tmp_path / "data"), download=True, checksums=str(checksums))
     pool, test = dataset.load_train(), dataset.load_test()
     np.testing.assert_array_equal(pool.inputs.numpy(), train_images)
     assert len(test) == 2 and test.targets.tolist() == [1, 2]

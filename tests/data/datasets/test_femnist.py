@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 import torch
+from miniatures.classification import write_emnist_files
 
 from fedlight.data import FEMNIST
 from fedlight.data.partition import FEMNISTPartition, validate_partition
@@ -10,12 +11,6 @@ from fedlight.errors import ConfigError
 LABELS = np.array([3, 12, *np.repeat(np.arange(36, 46), 4), 46])
 
 
-def write_idx(path, array: np.ndarray) -> None:
-    """Writes a uint8 array as an IDX file: bytes 0, 0, 8 (uint8) and ndim, big-endian sizes, then the data."""
-    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
-    path.write_bytes(header + array.astype(np.uint8).tobytes())
-
-
 def bright_pixel(image: int) -> tuple[int, int]:
     """The upright (row, column) of the one lit pixel of fake image ``image``: off the diagonal, unique."""
     return image // 20, 5 + image % 20
@@ -23,16 +18,12 @@ def bright_pixel(image: int) -> tuple[int, int]:
 
 def fake_emnist(root) -> None:
     """Writes a tiny EMNIST byclass in torchvision's raw layout, each image stored transposed like EMNIST's."""
-    raw = root / "EMNIST" / "raw"
-    raw.mkdir(parents=True)
     images = np.zeros((len(LABELS), 28, 28), dtype=np.uint8)
     for image in range(len(LABELS)):
         row, col = bright_pixel(image)
         images[image, col, row] = 255  # column-major storage
     test = np.arange(len(LABELS)) % 4 == 3  # one image of every letter is in the test split
-    for split, members in (("train", ~test), ("test", test)):
-        write_idx(raw / f"emnist-byclass-{split}-images-idx3-ubyte", images[members])
-        write_idx(raw / f"emnist-byclass-{split}-labels-idx1-ubyte", LABELS[members])
+    write_emnist_files(root, images, LABELS.astype(np.uint8), test)
 
 
 def image_ids(inputs: torch.Tensor) -> list[int]:

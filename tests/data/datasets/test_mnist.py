@@ -1,29 +1,20 @@
 import numpy as np
 import pytest
 import torch
+from miniatures.classification import write_mnist_files
 
 from fedlight.data import MNIST
 from fedlight.data.partition import PowerLaw, validate_partition
 from fedlight.errors import ConfigError
 
 
-def write_idx(path, array: np.ndarray) -> None:
-    """Writes a uint8 array as an IDX file: bytes 0, 0, 8 (uint8) and ndim, big-endian sizes, then the data."""
-    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
-    path.write_bytes(header + array.astype(np.uint8).tobytes())
-
-
 def fake_mnist(root, num_train: int = 12, num_test: int = 8) -> tuple[np.ndarray, np.ndarray]:
     """Writes a tiny MNIST in torchvision's raw layout; returns the pooled images and labels."""
     rng = np.random.default_rng(0)
-    raw = root / "MNIST" / "raw"
-    raw.mkdir(parents=True)
     images = rng.integers(0, 256, (num_train + num_test, 28, 28), dtype=np.uint8)
     images[:, 0, :] = 7  # the top row is constant over the pool, like MNIST's borders
     labels = np.arange(num_train + num_test, dtype=np.uint8) % 10
-    for prefix, part in (("train", slice(0, num_train)), ("t10k", slice(num_train, None))):
-        write_idx(raw / f"{prefix}-images-idx3-ubyte", images[part])
-        write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels[part])
+    write_mnist_files(root, images, labels, num_train)
     return images, labels
 
 
