@@ -11,7 +11,9 @@ the order of the FUSS repository's README. Each training image gives five sample
 the centre of size H/2 × W/2 (torchvision's ``five_crop``; sample 5·i + k is crop k of image i), each then
 resized (shorter side, nearest) and centre-cropped to ``image_size`` as in STEGO. The validation cities
 (frankfurt, lindau, munster; 500 images) are the global test set at ``test_size`` (320 in FUSS's evaluation).
-Clients keep all their images: use ``--data.test_fraction=0``.
+Clients keep all their images: use ``--data.test_fraction=0``. Every image must have its labelIds file and every
+labelIds file its image (a renamed or missing file is named when the cities are listed); a file that cannot be
+decoded is named when it is read.
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ TRAIN_CITIES = (
     "krefeld", "monchengladbach", "stuttgart", "strasbourg", "tubingen", "ulm", "weimar", "zurich",
 )  # fmt: skip
 FIRST_CLASS_ID = 7  # labelId of "road", class 0
+IMAGE_SUFFIX = "_leftImg8bit.png"
+LABEL_SUFFIX = "_gtFine_labelIds.png"
+_IMAGES_ZIP, _LABELS_ZIP = "leftImg8bit_trainvaltest.zip", "gtFine_trainvaltest.zip"
+_DOWNLOAD = (
+    f"Download {_IMAGES_ZIP} and {_LABELS_ZIP} from https://www.cityscapes-dataset.com/downloads/ (free account)"
+)
 
 
 def label_lookup() -> torch.Tensor:
@@ -82,8 +90,8 @@ class CityscapesFUSS(FederatedDataset):
         per_client = len(TRAIN_CITIES) // self.num_clients
         groups = np.repeat(np.array([TRAIN_CITIES.index(c) // per_client for c in cities]), len(crops))
         return LabelledTensors(
-            StegoImages(images, self.image_size, self.num_workers),
-            StegoLabels(labels, self.image_size, label_lookup(), self.num_workers),
+            StegoImages(images, self.image_size, self.num_workers, _IMAGES_ZIP),
+            StegoLabels(labels, self.image_size, label_lookup(), self.num_workers, _LABELS_ZIP),
             groups=groups,
             labels=np.zeros(len(images), dtype=np.int64),  # partitioned by city, not by class
         )
@@ -93,12 +101,18 @@ class CityscapesFUSS(FederatedDataset):
         cities = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
         pairs, _ = self._pairs("val", cities or ["frankfurt", "lindau", "munster"])
         return LabelledTensors(
-            StegoImages([(image, None) for image, _ in pairs], self.test_size, self.num_workers),
-            StegoLabels([(label, None) for _, label in pairs], self.test_size, label_lookup(), self.num_workers),
+            StegoImages([(image, None) for image, _ in pairs], self.test_size, self.num_workers, _IMAGES_ZIP),
+            StegoLabels(
+                [(label, None) for _, label in pairs], self.test_size, label_lookup(), self.num_workers, _LABELS_ZIP
+            ),
         )
 
     def _pairs(self, split: str, cities) -> tuple[list[tuple[Path, Path]], list[str]]:
-        """(image, labelIds) file pairs of ``cities``, sorted, with each pair's city."""
+        """(image, labelIds) file pairs of ``cities``, sorted, with each pair's city.
+
+        Every image must have its labelIds file and every labelIds file its image, so that a renamed or
+        missing file is reported here, by name, rather than silently shrinking a client.
+        """
         missing = [
             str(folder)
             for city in cities
@@ -109,17 +123,32 @@ class CityscapesFUSS(FederatedDataset):
             raise ConfigError(
                 f"Cityscapes is incomplete under --data.dataset.init_args.root={self.root}: missing "
                 f"{', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}.",
-                "Download leftImg8bit_trainvaltest.zip and gtFine_trainvaltest.zip from "
-                "https://www.cityscapes-dataset.com/downloads/ (free account) and extract both there, so that "
+                f"{_DOWNLOAD} and extract both there, so that "
                 f"{self.root}/leftImg8bit/train/aachen and {self.root}/gtFine/train/aachen exist.",
             )
-        pairs, owners = [], []
+        pairs, owners, problems = [], [], []
         for city in cities:
-            for image in sorted((self.root / "leftImg8bit" / split / city).glob("*_leftImg8bit.png")):
-                stem = image.name.removesuffix("_leftImg8bit.png")
-                label = self.root / "gtFine" / split / city / f"{stem}_gtFine_labelIds.png"
-                if not label.is_file():
-                    raise ConfigError(f"Cityscapes image {image} has no labels: expected {label}.")
-                pairs.append((image, label))
+            image_dir, label_dir = self.root / "leftImg8bit" / split / city, self.root / "gtFine" / split / city
+            images = {p.name.removesuffix(IMAGE_SUFFIX): p for p in image_dir.glob(f"*{IMAGE_SUFFIX}")}
+            labels = {p.name.removesuffix(LABEL_SUFFIX): p for p in label_dir.glob(f"*{LABEL_SUFFIX}")}
+            if not images and not labels:
+                problems.append(f"{image_dir} holds no *{IMAGE_SUFFIX} images.")
+            problems += [
+                f"{labels[stem]} has no image: expected {image_dir / (stem + IMAGE_SUFFIX)}."
+                for stem in sorted(labels.keys() - images.keys())
+            ]
+            problems += [
+                f"Cityscapes image {images[stem]} has no labels: expected {label_dir / (stem + LABEL_SUFFIX)}."
+                for stem in sorted(images.keys() - labels.keys())
+            ]
+            for stem in sorted(images.keys() & labels.keys()):
+                pairs.append((images[stem], labels[stem]))
                 owners.append(city)
+        if problems:
+            shown = problems[:8] + ([f"… and {len(problems) - 8} more."] if len(problems) > 8 else [])
+            raise ConfigError(
+                *shown,
+                f"Restore these files under --data.dataset.init_args.root={self.root} with the archives' file names "
+                f"({_DOWNLOAD} and extract both there again).",
+            )
         return pairs, owners

@@ -13,7 +13,8 @@ the data with its digest (a damaged cache is computed again); partition by it wi
 Dirichlet(num_clients=18, alpha=0.5), or pass FUSS's own client lists (client_lists: a folder of
 train_MA18__client<k>.txt) for its exact clients. Images are resized
 (shorter side, nearest) and centre-cropped to image_size (FUSS: no crops for CocoStuff), test images to
-test_size.
+test_size. Every listed id must have its image and its map (a missing one is named when the list is read); a
+file that cannot be decoded is named when it is read.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ from fedlight.data.readers.stego_files import StegoImages, StegoLabels, map_file
 from fedlight.errors import ConfigError
 
 log = logging.getLogger(__name__)
+_MAPS_ZIP = "stuffthingmaps_trainval2017.zip"
+_DOWNLOAD = (
+    "Download COCO 2017 images (train2017.zip, val2017.zip from https://cocodataset.org) and the stuff+thing maps "
+    "(stuffthingmaps_trainval2017.zip from https://github.com/nightrome/cocostuff)"
+)
 
 #: STEGO's map of CocoStuff's 182 fine labels to 27 coarse classes (index = fine label).
 FINE_TO_COARSE = (
@@ -103,8 +109,8 @@ class CocoStuff27(FederatedDataset):
         images = [(self.root / "images" / split / f"{i}.jpg", None) for i in ids]
         masks = [(self.root / "annotations" / split / f"{i}.png", None) for i in ids]
         return LabelledTensors(
-            StegoImages(images, size, self.num_workers),
-            StegoLabels(masks, size, coarse_lookup(), self.num_workers),
+            StegoImages(images, size, self.num_workers, f"COCO's {split}.zip"),
+            StegoLabels(masks, size, coarse_lookup(), self.num_workers, _MAPS_ZIP),
             groups=groups,
             labels=labels,
         )
@@ -118,13 +124,34 @@ class CocoStuff27(FederatedDataset):
             raise ConfigError(
                 f"CocoStuff is incomplete under --data.dataset.init_args.root={self.root}: "
                 f"missing {', '.join(missing)}.",
-                "Download COCO 2017 images (train2017.zip, val2017.zip from https://cocodataset.org) and the "
-                "stuff+thing maps (stuffthingmaps_trainval2017.zip from https://github.com/nightrome/cocostuff) into "
-                f"{self.root}/images/ and {self.root}/annotations/, and STEGO's curated lists into "
-                f"{self.root}/curated/ "
-                "(as STEGO's download_datasets.py lays them out).",
+                f"{_DOWNLOAD} into {self.root}/images/ and {self.root}/annotations/, and STEGO's curated lists into "
+                f"{self.root}/curated/ (as STEGO's download_datasets.py lays them out).",
             )
-        return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        ids = _read_list(path, "STEGO's curated lists (its download_datasets.py)")
+        self._check_files(split, ids, path)
+        return ids
+
+    def _check_files(self, split: str, ids: list[str], listing: Path) -> None:
+        """Every listed image and its label map must be there: a missing one is named now, not mid-training."""
+        expected = [
+            path
+            for image_id in ids
+            for path in (
+                self.root / "images" / split / f"{image_id}.jpg",
+                self.root / "annotations" / split / f"{image_id}.png",
+            )
+        ]
+        present = {
+            folder: {entry.name for entry in os.scandir(folder)}
+            for folder in (self.root / "images" / split, self.root / "annotations" / split)
+        }
+        missing = [path for path in expected if path.name not in present[path.parent]]
+        if missing:
+            shown = ", ".join(map(str, missing[:4])) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+            raise ConfigError(
+                f"{listing} lists files that are missing: {shown}.",
+                f"Restore them with the archives' file names, or list only the images you have. {_DOWNLOAD}.",
+            )
 
     def _client_ids(self) -> tuple[list[str], np.ndarray]:
         files = sorted(self.client_lists.glob("*client*.txt"), key=lambda p: int(p.stem.rsplit("client", 1)[1]))
@@ -135,7 +162,8 @@ class CocoStuff27(FederatedDataset):
             )
         ids, groups = [], []
         for client, path in enumerate(files):
-            listed = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+            listed = _read_list(path, "FUSS's partitioned_splits")
+            self._check_files("train2017", listed, path)
             ids += listed
             groups += [client] * len(listed)
         return ids, np.array(groups)
@@ -149,7 +177,7 @@ class CocoStuff27(FederatedDataset):
             lookup = coarse_lookup()
 
             def dominant(image_id: str) -> int:
-                labels = read_label(self.root / "annotations" / "train2017" / f"{image_id}.png", lookup)
+                labels = read_label(self.root / "annotations" / "train2017" / f"{image_id}.png", lookup, _MAPS_ZIP)
                 counts = torch.bincount(labels[labels != IGNORE_INDEX], minlength=27)
                 return int(counts.argmax())
 
@@ -161,6 +189,17 @@ class CocoStuff27(FederatedDataset):
             except OSError:  # a read-only dataset folder: the masks are read again next time
                 pass
         return np.array([known[i] for i in ids], dtype=np.int64)
+
+
+def _read_list(path: Path, source: str) -> list[str]:
+    """The image ids of a list file, one a line; a file that is not text is named with where to get it again."""
+    try:
+        return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(
+            f"{path} cannot be read as a list of image ids ({type(error).__name__}): the file is damaged. Restore it "
+            f"again from {source} and run again."
+        ) from error
 
 
 def _labels_digest(labels: dict[str, int]) -> str:

@@ -8,6 +8,11 @@ annotations in the layout DeepLab's training scripts use::
     <root>/VOC2012/SegmentationClassAug/<id>.png           SBD + official masks (index PNGs), for train_aug
     <root>/VOC2012/ImageSets/Segmentation/{train,val,train_aug}.txt
 
+Where only SBD's archive is unpacked (``<root>/SBD/benchmark_RELEASE/dataset/{cls/<id>.mat,train.txt,val.txt}``),
+the train_aug masks and list are written from it on first use (:mod:`fedlight.data.datasets.voc_download`).
+Every listed image must have its JPEG and its mask: one that is missing is named when the split is listed, one
+that cannot be decoded when it is read, each as one :class:`~fedlight.errors.ConfigError`.
+
 Step 1 of §6.5 keeps the images whose mask holds exactly one object class besides background and void
 (about 6.6k of train_aug's 10,582; the paper reports 6,665). That class is the image's partition label,
 so the VOC partition (:class:`~fedlight.data.partition.DirichletPowerLaw`, Pareto sizes with γ = 3 and
@@ -26,6 +31,7 @@ padding counting nowhere. The object classes found in each mask are cached next 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,15 +40,27 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
 from fedlight.data.base import FederatedDataset, LabelledTensors, LazySamples
-from fedlight.data.datasets.voc_download import VOC_URL, build_train_aug, check_download_root, fetch_voc
+from fedlight.data.datasets.voc_download import (
+    SBD_URL,
+    VOC_URL,
+    build_train_aug,
+    check_download_root,
+    fetch_voc,
+    read_mask,
+    sbd_missing,
+    sbd_unpacked,
+)
 from fedlight.data.labels import IGNORE_INDEX, VOC_CLASSES, LabelSet, class_names, macro_lookup
+from fedlight.data.readers.stego_files import decode_file
 from fedlight.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+_REBUILD = " (or delete it to have it written from SBD again)"
 _MASK_DIRS = {"train_aug": "SegmentationClassAug", "train": "SegmentationClass", "val": "SegmentationClass"}
 
 
@@ -66,7 +84,8 @@ class PascalVOC(FederatedDataset):
         num_workers: threads decoding a batch.
         download: fetch what is missing: VOC 2012 trainval (2 GB, unpacked next to ``root``, which must then be
             named ``VOCdevkit``) and, for ``train_aug``, SBD (1.4 GB), from which the split's masks and list are
-            written (:mod:`fedlight.data.datasets.voc_download`).
+            written (:mod:`fedlight.data.datasets.voc_download`). SBD already unpacked under ``<root>/SBD/`` is
+            used as it is, with or without ``download``.
     """
 
     def __init__(
@@ -135,39 +154,75 @@ class PascalVOC(FederatedDataset):
         mask_dir = self._voc / _MASK_DIRS[split]
         needed = (listing, self._voc / "JPEGImages", mask_dir)
         missing = [str(p) for p in needed if not p.exists()]
-        if missing and self.download:
-            if not (self._voc / "JPEGImages").is_dir():
-                fetch_voc(self.root)
-            if split == "train_aug" and not listing.is_file():
-                build_train_aug(self.root)
-            missing = [str(p) for p in needed if not p.exists()]
+        if missing and self.download and not (self._voc / "JPEGImages").is_dir():
+            fetch_voc(self.root)
+        # SBD unpacked by hand counts as downloaded: the split is derived from it as a download would be
+        build = split == "train_aug" and not listing.is_file() and (self._voc / "JPEGImages").is_dir()
+        if build and (self.download or sbd_unpacked(self.root)):
+            build_train_aug(self.root, download=self.download)
+        missing = [str(p) for p in needed if not p.exists()]
         if missing:
-            hint = (
-                "For train_aug also add SBD's masks as VOC2012/SegmentationClassAug/ and their list as "
-                "ImageSets/Segmentation/train_aug.txt (the layout of DeepLab's scripts), or choose "
-                "--data.dataset.init_args.split=train."
-                if split == "train_aug"
-                else ""
-            )
+            hint = ""
+            if split == "train_aug":
+                sbd = Path(self.root) / "SBD"
+                partial = sbd_missing(self.root) if sbd.is_dir() else []  # an SBD unpacked in part is named
+                found = f" (SBD there is incomplete: missing {', '.join(map(str, partial))})" if partial else ""
+                hint = (
+                    f"For train_aug also unpack SBD ({SBD_URL}) into {sbd}{found}, from which its masks and list "
+                    "are written, or add them yourself as VOC2012/SegmentationClassAug/ and "
+                    "ImageSets/Segmentation/train_aug.txt (the layout of DeepLab's scripts), or choose "
+                    "--data.dataset.init_args.split=train."
+                )
             raise ConfigError(
                 f"Pascal VOC 2012 is incomplete under --data.dataset.init_args.root={self.root}: missing "
                 f"{', '.join(missing)}.",
                 f"Download {VOC_URL} and extract it so that {self._voc} exists (or set "
                 f"--data.dataset.init_args.download=true). {hint}".rstrip(),
             )
-        return [line.split()[0] for line in listing.read_text().splitlines() if line.strip()]
+        try:
+            ids = [line.split()[0] for line in listing.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(
+                f"{listing} cannot be read as a list of image ids ({type(error).__name__}): the file is damaged. "
+                f"Restore it from {VOC_URL}{_REBUILD if split == 'train_aug' else ''} and run again."
+            ) from error
+        self._check_files(listing, ids, mask_dir)
+        return ids
+
+    def _check_files(self, listing: Path, ids: list[str], mask_dir: Path) -> None:
+        """Every listed image must have its JPEG and its mask: a missing one is named now, not mid-training."""
+        folders = (self._voc / "JPEGImages", mask_dir)
+        present = {folder: {entry.name for entry in os.scandir(folder)} for folder in folders}
+        missing = [
+            str(folder / f"{image_id}{suffix}")
+            for image_id in ids
+            for folder, suffix in zip(folders, (".jpg", ".png"), strict=True)
+            if f"{image_id}{suffix}" not in present[folder]
+        ]
+        if missing:
+            shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+            derived = listing.stem == "train_aug" and any(Path(m).parent == mask_dir for m in missing)
+            rebuild = f"; train_aug's masks are written again from SBD once {listing} is deleted" if derived else ""
+            raise ConfigError(
+                f"{listing} lists images whose files are missing: {shown}.",
+                f"Restore them from {VOC_URL} (keeping the archive's file names){rebuild}, or list only the images "
+                "you have.",
+            )
 
     def _object_classes(self, split: str, ids: list[str]) -> list[list[int]]:
         """The object classes (1–20, by pixel count, most frequent first) of each mask, cached as JSON."""
         cache = Path(self.root) / f"fedlight_voc_classes_{split}.json"
         if cache.is_file():
-            cached = json.loads(cache.read_text())
-            if cached.get("ids") == ids:
-                return cached["classes"]
+            try:
+                cached = json.loads(cache.read_text(encoding="utf-8"))
+                if cached.get("ids") == ids and len(cached["classes"]) == len(ids):
+                    return cached["classes"]
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):  # damaged: the masks are read again
+                log.warning("%s is damaged: the object classes are read again from the masks", cache)
         mask_dir = self._voc / _MASK_DIRS[split]
 
         def classes_of(image_id: str) -> list[int]:
-            counts = np.bincount(_read_mask(mask_dir / f"{image_id}.png").ravel(), minlength=256)[1:21]
+            counts = np.bincount(read_mask(mask_dir / f"{image_id}.png").ravel(), minlength=256)[1:21]
             present = np.flatnonzero(counts)
             return [int(c) + 1 for c in present[np.argsort(-counts[present], kind="stable")]]
 
@@ -201,8 +256,8 @@ class VOCImages(LazySamples):
         std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
 
         def read(i: int) -> torch.Tensor:
-            with Image.open(self.paths[i]) as image:
-                pixels = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1)  # [3, h, w] uint8
+            rgb = decode_file(self.paths[i], lambda image: np.array(image.convert("RGB")), restore=VOC_URL)
+            pixels = torch.from_numpy(rgb).permute(2, 0, 1)  # [3, h, w] uint8
             standardised = (pixels.float() / 255.0 - mean) / std
             return _on_canvas(standardised, self.canvas_size, fill=0.0, mode="bilinear")
 
@@ -221,19 +276,13 @@ class VOCMasks(LazySamples):
 
     def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
         def read(i: int) -> torch.Tensor:
-            labels = torch.from_numpy(_read_mask(self.paths[i]).astype(np.int64))  # [h, w]
+            labels = torch.from_numpy(read_mask(self.paths[i]).astype(np.int64))  # [h, w]
             if self.lookup is not None:
                 labels = self.lookup[labels]
             return _on_canvas(labels[None], self.canvas_size, fill=IGNORE_INDEX, mode="nearest")[0]
 
         with ThreadPoolExecutor(max_workers=self.num_workers) as pool:
             return torch.stack(list(pool.map(read, index.tolist())))
-
-
-def _read_mask(path: Path) -> np.ndarray:
-    """A VOC label PNG as ``[h, w]`` uint8 class indices (palette and grey PNGs alike)."""
-    with Image.open(path) as mask:
-        return np.array(mask)
 
 
 def _dominant(classes: list[int]) -> int:

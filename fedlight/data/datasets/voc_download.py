@@ -6,7 +6,8 @@ ICCV 2011; torchvision's URL and MD5) or VOC's own ``train`` list annotate, minu
 masks in one folder. :func:`build_train_aug` makes it from the two downloads as DeepLab's training scripts lay
 it out: SBD's class masks (``cls/<id>.mat``, ``GTcls.Segmentation``) where SBD has the image, VOC's own mask
 otherwise, written as index PNGs to ``VOC2012/SegmentationClassAug/``, and the list to
-``ImageSets/Segmentation/train_aug.txt``.
+``ImageSets/Segmentation/train_aug.txt``. SBD already unpacked under ``VOCdevkit/SBD/`` (its archive's
+``benchmark_RELEASE/dataset/`` tree) is used as it is, with or without ``download``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from PIL import Image
 
 from fedlight.data.datasets.download import download_lock, fetch_archive
+from fedlight.data.readers.stego_files import decode_file
 from fedlight.errors import ConfigError
 
 VOC_URL = "https://thor.robots.ox.ac.uk/pascal/VOC/voc2012/VOCtrainval_11-May-2012.tar"
@@ -42,36 +44,109 @@ def fetch_voc(root: str) -> None:
     fetch_archive("Pascal VOC 2012", VOC_URL, VOC_MD5, Path(root).parent, done=images.is_dir)
 
 
-def build_train_aug(root: str) -> None:
-    """Downloads SBD into ``<root>/SBD/`` and writes the ``train_aug`` masks and list into ``<root>/VOC2012/``."""
+def sbd_folder(root: str | Path) -> Path:
+    """Where SBD's archive, unpacked into ``<root>/SBD/``, puts ``cls/``, ``train.txt`` and ``val.txt``."""
+    return Path(root).joinpath("SBD", *_SBD_FOLDER)
+
+
+def sbd_missing(root: str | Path) -> list[Path]:
+    """The parts of SBD that ``train_aug`` is built from (``cls/``, ``train.txt``, ``val.txt``) missing under
+    ``<root>/SBD/``."""
+    folder = sbd_folder(root)
+    return [path for path in (folder / "cls", folder / "train.txt", folder / "val.txt") if not path.exists()]
+
+
+def sbd_unpacked(root: str | Path) -> bool:
+    """Whether SBD's files are unpacked under ``<root>/SBD/`` (then ``train_aug`` is built without a download)."""
+    return not sbd_missing(root)
+
+
+def build_train_aug(root: str, download: bool = True) -> None:
+    """Writes the ``train_aug`` masks and list into ``<root>/VOC2012/`` from SBD under ``<root>/SBD/``.
+
+    Args:
+        root: the VOCdevkit folder.
+        download: fetch SBD's archive into ``<root>/SBD/`` when it is not unpacked there yet.
+
+    Raises:
+        ConfigError: when SBD is neither unpacked nor downloadable, or one of its or VOC's files that the split
+            needs is missing or damaged (named).
+    """
     voc, sbd_download = Path(root) / "VOC2012", Path(root) / "SBD"
     listing = voc / "ImageSets" / "Segmentation" / "train_aug.txt"
     with download_lock(root):
         if not listing.is_file():  # another process of the run may have written it meanwhile
-            fetch_archive("SBD (the train_aug masks)", SBD_URL, SBD_MD5, sbd_download)
-            _write_train_aug(voc, sbd_download.joinpath(*_SBD_FOLDER), listing)
+            if download:  # an archive unpacked by hand (or by an earlier run) is not fetched again
+                fetch_archive(
+                    "SBD (the train_aug masks)", SBD_URL, SBD_MD5, sbd_download, done=lambda: sbd_unpacked(root)
+                )
+            _write_train_aug(voc, sbd_folder(root), listing)
 
 
 def _write_train_aug(voc: Path, sbd: Path, listing: Path) -> None:
     """Writes the masks of the train_aug images and, last, their list."""
     lists = voc / "ImageSets" / "Segmentation"
-    sbd_ids = _ids(sbd / "train.txt") | _ids(sbd / "val.txt")
-    ids = sorted((sbd_ids | _ids(lists / "train.txt")) - _ids(lists / "val.txt"))
+    sbd_ids = _ids(sbd / "train.txt", SBD_URL) | _ids(sbd / "val.txt", SBD_URL)
+    ids = sorted((sbd_ids | _ids(lists / "train.txt", VOC_URL)) - _ids(lists / "val.txt", VOC_URL))
+    sources = {i: sbd / "cls" / f"{i}.mat" if i in sbd_ids else voc / "SegmentationClass" / f"{i}.png" for i in ids}
+    # every source is checked before any mask is written, so that one message names all that is missing
+    missing = [str(path) for path in sources.values() if not path.is_file()]
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise ConfigError(
+            f"The train_aug split cannot be built: its lists name masks that are missing: {shown}.",
+            f"Unpack {SBD_URL} into {sbd.parent.parent} and {VOC_URL} into {voc.parent.parent} again (keeping their "
+            "file names), or choose --data.dataset.init_args.split=train.",
+        )
     masks = voc / "SegmentationClassAug"
     masks.mkdir(exist_ok=True)
-    from scipy.io import loadmat
-
-    for image_id in ids:
-        if image_id in sbd_ids:
-            labels = loadmat(sbd / "cls" / f"{image_id}.mat")["GTcls"][0]["Segmentation"][0]  # [h, w] class ids
-        else:
-            with Image.open(voc / "SegmentationClass" / f"{image_id}.png") as mask:
-                labels = np.array(mask)  # palette indices are the class ids, 255 void
+    for image_id, source in sources.items():
+        labels = _read_sbd_mask(source) if source.suffix == ".mat" else read_mask(source)
         Image.fromarray(labels.astype(np.uint8)).save(masks / f"{image_id}.png")
     tmp = listing.with_name(f"{listing.name}.tmp{os.getpid()}")
     tmp.write_text("".join(f"{image_id}\n" for image_id in ids))
     os.replace(tmp, listing)  # written last: the list's presence means the masks are complete
 
 
-def _ids(listing: Path) -> set[str]:
-    return {line.split()[0] for line in listing.read_text().splitlines() if line.strip()}
+def _read_sbd_mask(path: Path) -> np.ndarray:
+    """SBD's class mask ``GTcls.Segmentation`` ``[h, w]`` of a ``cls/<id>.mat`` file."""
+    from scipy.io import loadmat
+
+    try:
+        labels = np.asarray(loadmat(path)["GTcls"][0]["Segmentation"][0])
+    except Exception as error:  # scipy raises ValueError, TypeError, OSError… for a damaged .mat; all mean the same
+        raise ConfigError(
+            f"{path} cannot be read as SBD's class mask (GTcls.Segmentation; {type(error).__name__}: {error}): the "
+            f"file is damaged. Unpack it again from {SBD_URL} and run again."
+        ) from error
+    if labels.ndim != 2 or labels.size == 0:
+        raise ConfigError(
+            f"{path} holds a GTcls.Segmentation of shape {labels.shape}, not a 2-D class mask: the file is damaged. "
+            f"Unpack it again from {SBD_URL} and run again."
+        )
+    return labels
+
+
+def read_mask(path: Path) -> np.ndarray:
+    """A VOC label PNG as its ``[h, w]`` uint8 class indices, 255 void (palette and grey PNGs alike).
+
+    Raises:
+        ConfigError: naming ``path`` when it is missing, damaged or a colour (RGB) rendering of the classes.
+    """
+    labels = decode_file(path, np.array, restore=VOC_URL)
+    if labels.ndim != 2:
+        raise ConfigError(
+            f"{path} is a colour image, not a palette or grey PNG whose values are the classes: replace it with "
+            f"the file from {VOC_URL} (or the mask written from SBD) and run again."
+        )
+    return labels
+
+
+def _ids(listing: Path, source: str) -> set[str]:
+    """The image ids of a split list; a missing or damaged list is named, with where it comes from."""
+    try:
+        return {line.split()[0] for line in listing.read_text(encoding="utf-8").splitlines() if line.strip()}
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(
+            f"{listing} cannot be read ({type(error).__name__}): unpack it again from {source} and run again."
+        ) from error

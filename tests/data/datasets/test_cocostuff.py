@@ -1,50 +1,34 @@
 import json
 import logging
 
-import numpy as np
 import pytest
 import torch
 from fuss_run import one_round
-from PIL import Image
+from miniatures.segmentation import COCO_DOMINANT, COCO_FINE, COCO_TRAIN_IDS, write_cocostuff
 
 from fedlight.data.datasets.cocostuff import FINE_TO_COARSE, CocoStuff27
 from fedlight.data.partition import Dirichlet
 from fedlight.errors import ConfigError
 
-FINE = [0, 1, 51, 91, 179]  # coarse classes 9, 11, 2, 17, 19
-
-
-def write_split(root, split, ids, rng):
-    (root / "images" / split).mkdir(parents=True)
-    (root / "annotations" / split).mkdir(parents=True)
-    (root / "curated" / split).mkdir(parents=True)
-    for n, image_id in enumerate(ids):
-        Image.fromarray(rng.integers(0, 256, (16, 24, 3), dtype=np.uint8)).save(
-            root / "images" / split / f"{image_id}.jpg"
-        )
-        mask = np.full((16, 24), 255, dtype=np.uint8)
-        mask[:, :14] = FINE[n % len(FINE)]  # the dominant fine label: 14 of 24 columns
-        mask[:, 14:20] = FINE[(n + 1) % len(FINE)]
-        Image.fromarray(mask).save(root / "annotations" / split / f"{image_id}.png")
-    listing = "Coco164kFull_Stuff_Coarse.txt" if split == "train2017" else "Coco164kFull_Stuff_Coarse_7.txt"
-    (root / "curated" / split / listing).write_text("\n".join(ids) + "\n")
+#: each listed training image's dominant fine label (the miniature's design), as its coarse class
+DOMINANT = [FINE_TO_COARSE[COCO_FINE[COCO_DOMINANT[n % len(COCO_DOMINANT)]]] for n in range(len(COCO_TRAIN_IDS))]
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cocostuff")
-    rng = np.random.default_rng(0)
-    write_split(root, "train2017", [f"{i:012d}" for i in range(20)], rng)
-    write_split(root, "val2017", [f"{i:012d}" for i in range(100, 103)], rng)
+    root = tmp_path_factory.mktemp("data") / "cocostuff"
+    write_cocostuff(root)  # 24 curated training images (and 2 unlisted), 3 curated validation images
     return root
 
 
 def test_dominant_labels_are_the_most_frequent_coarse_class(root):
-    pool = CocoStuff27(str(root), image_size=16).load_train()
-    assert pool.labels.tolist() == [FINE_TO_COARSE[FINE[n % 5]] for n in range(20)]
+    pool = CocoStuff27(str(root), image_size=32).load_train()
+    assert pool.labels.tolist() == DOMINANT
     assert (root / "fedlight_dominant_labels_train2017.json").is_file()
-    target = pool.targets[torch.tensor([0])][0]  # 16×24 resized to 16×24, centre 16×16: columns 4–20
-    assert target[:, :10].eq(9).all() and target[:, 10:].eq(11).all()
+    # image 0 is 32×40, its dominant label (person, coarse 9) on columns 0–20 and void on 20–22; the central
+    # 32×32 square is columns 4–36
+    target = pool.targets[torch.tensor([0])][0]
+    assert target[:, :16].eq(9).all() and target[:, 16:18].eq(255).all()
 
 
 def swap_a_label(text):
@@ -69,7 +53,7 @@ def test_a_damaged_dominant_label_cache_is_computed_again(root, caplog, damage):
     cache.write_text(damage(cache.read_text()))
     with caplog.at_level(logging.WARNING):
         pool = CocoStuff27(str(root), image_size=16).load_train()
-    assert pool.labels.tolist() == [FINE_TO_COARSE[FINE[n % 5]] for n in range(20)]
+    assert pool.labels.tolist() == DOMINANT
     assert str(cache) in caplog.text
 
 
@@ -77,7 +61,7 @@ def test_fuss_client_lists_become_natural_clients(root, tmp_path):
     lists = tmp_path / "splits"
     lists.mkdir()
     for client, ids in enumerate([[2, 5], [0, 1, 3]]):
-        (lists / f"train_MA18__client{client}.txt").write_text("\n".join(f"{i:012d}" for i in ids))
+        (lists / f"train_MA18__client{client}.txt").write_text("\n".join(COCO_TRAIN_IDS[i] for i in ids))
     pool = CocoStuff27(str(root), client_lists=str(lists), image_size=16).load_train()
     assert pool.groups.tolist() == [0, 0, 1, 1, 1] and len(pool) == 5
 
@@ -85,7 +69,7 @@ def test_fuss_client_lists_become_natural_clients(root, tmp_path):
 def test_a_federated_round_on_dominant_label_dirichlet_clients(tmp_path, root):
     dataset = CocoStuff27(str(root), image_size=16, test_size=16)
     data, metrics = one_round(tmp_path, dataset, 2, Dirichlet(num_clients=2, alpha=0.5, min_size=3))
-    assert data.num_samples.sum() == 20 and len(data.test) == 3
+    assert data.num_samples.sum() == 24 and len(data.test) == 3
     assert 0.0 <= metrics["test/acc"] <= 1.0
     assert {"test/iou_person", "test/iou_food", "test/iou_food_stuff", "test/iou_water"} <= set(metrics)
 

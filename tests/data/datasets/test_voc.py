@@ -1,8 +1,10 @@
 import json
+import logging
 
 import numpy as np
 import pytest
 import torch
+from miniatures.segmentation import write_voc
 from PIL import Image
 
 from fedlight.data import FederatedDataModule, PascalVOC
@@ -103,12 +105,24 @@ def test_macro_map_keeps_the_partition(tmp_path):
 def test_mask_classes_are_cached(tmp_path):
     voc = _write_voc(tmp_path)
     PascalVOC(root=str(tmp_path)).load_train()
-    cached = json.loads((tmp_path / "fedlight_voc_classes_train_aug.json").read_text())
+    cache = tmp_path / "fedlight_voc_classes_train_aug.json"
+    cached = json.loads(cache.read_text())
     assert cached["ids"] == list(MASKS)
     assert cached["classes"][2] == [CAT, PERSON]  # equal pixel counts: by class index
-    for png in (voc / "SegmentationClassAug").iterdir():  # listing no longer needs the masks
-        png.unlink()
+    for png in (voc / "SegmentationClassAug").iterdir():  # listing no longer decodes the masks: blank them
+        Image.fromarray(_mask([])).save(png)
     assert len(PascalVOC(root=str(tmp_path)).load_train()) == 5
+
+
+def test_a_damaged_class_cache_is_read_again_from_the_masks(tmp_path, caplog):
+    _write_voc(tmp_path)
+    PascalVOC(root=str(tmp_path)).load_train()
+    cache = tmp_path / "fedlight_voc_classes_train_aug.json"
+    cache.write_text(cache.read_text()[:20])  # truncated
+    with caplog.at_level(logging.WARNING):
+        pool = PascalVOC(root=str(tmp_path)).load_train()
+    assert pool.labels.tolist() == [PERSON, CAT, BUS, SOFA, CAT] and str(cache) in caplog.text
+    assert json.loads(cache.read_text())["ids"] == list(MASKS)  # written again whole
 
 
 def test_validation_images_form_the_test_set(tmp_path):
@@ -135,9 +149,9 @@ def test_a_federated_round_reads_the_lazy_pool(tmp_path):
     from fedlight.engine.trainer import FederatedTrainer
     from fedlight.strategies import FedProto
 
-    _write_voc(tmp_path)
+    write_voc(tmp_path / "VOCdevkit")  # VOC 2012 and SBD as unpacked: train_aug is built from them
     data = FederatedDataModule(
-        PascalVOC(root=str(tmp_path), canvas_size=32, label_set="macro", test_split="val"),
+        PascalVOC(root=str(tmp_path / "VOCdevkit"), canvas_size=32, label_set="macro", test_split="val"),
         DirichletPowerLaw(num_clients=2, alpha=1.0),
         batch_size=2,
         drop_last=True,
