@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -26,20 +27,25 @@ class Miniature:
         write: writes the miniature under the given root (the config's ``data.dataset.init_args.root``, created
             if needed) and returns the extra command-line flags a row needs to read it (e.g. a checksum list);
             writing twice into the same root is allowed and leaves the same files.
-        flags: flags that shrink a row to the miniature (sizes, partition clients), after the row's own config.
+        flags: flags that shrink a row to the miniature (sizes, partition clients), after the row's own config; or
+            a function of the row's resolved configuration that returns them, where they depend on the row.
     """
 
     dataset: str
     write: Callable[[Path], list[str]]
-    flags: tuple[str, ...] = field(default=())
+    flags: tuple[str, ...] | Callable[[dict[str, Any]], tuple[str, ...]] = field(default=())
+
+    def flags_for(self, config: dict[str, Any]) -> tuple[str, ...]:
+        """The flags for a row whose resolved configuration is ``config``."""
+        return self.flags(config) if callable(self.flags) else self.flags
 
 
 def registry() -> dict[str, Miniature]:
     """Every miniature, by the reader's class name."""
-    from miniatures import classification, segmentation, street
+    from miniatures import classification, generated, segmentation, street
 
     found: dict[str, Miniature] = {}
-    for module in (classification, segmentation, street):
+    for module in (classification, generated, segmentation, street):
         for miniature in module.MINIATURES:
             assert miniature.dataset not in found, f"two miniatures of {miniature.dataset}"
             found[miniature.dataset] = miniature

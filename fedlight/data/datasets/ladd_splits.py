@@ -13,6 +13,11 @@ its ``<dataset>/splits/`` copied from LADD's repository and the images extracted
 - :class:`Mapillary`: ``mapillary/data/training/``, ``mapillary/data/validation/``;
   ``mapillary/splits/clustering/{train,test}/*.json``.
 
+Every split file LADD ships must be there (a missing one would silently drop its users), and so must every image
+and label file they list; each reader reports all that is missing at set-up in one error naming the files. A split
+file that is no valid LEAF JSON, a user listed by two files, and an image or label file that cannot be decoded when a
+batch reads it (truncated, garbage, a colour rendering in place of the ids) are errors naming the file too.
+
 Clients are the split files' users (``Rio7``, ``aachen3``, ``EU12``): the datasets give them as natural ids, so
 the :class:`~fedlight.data.partition.Natural` partitioner reproduces LADD's partition (144 Cityscapes clients, 472
 CrossCity clients, 357 Mapillary clients). The test set is the file's single ``test_user``. Label PNGs hold
@@ -36,7 +41,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -87,10 +92,22 @@ def _stack(samples: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(samples)
 
 
-def _read_pixels(path: Path, size: tuple[int, int] | None, keep_width: int | None) -> torch.Tensor:
+def _decode(path: Path, fix: str) -> Image.Image:
+    """The decoded image file at ``path``; a file PIL cannot read (garbage, truncated, vanished) is a
+    :class:`ConfigError` naming it, since it surfaces mid-run, far from the file that caused it."""
+    try:
+        with Image.open(path) as image:
+            image.load()  # decodes now: a truncated file fails here, not in a later conversion
+            return image
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+        raise ConfigError(f"Cannot read image file {path}: {error}.", fix) from error
+
+
+def _read_pixels(
+    path: Path, size: tuple[int, int] | None, keep_width: int | None, fix: str = "Restore the file."
+) -> torch.Tensor:
     """An RGB image file as ``[3, H, W]`` float in 0–255, resized bilinearly to :func:`resized_shape`'s size."""
-    with Image.open(path) as image:
-        pixels = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1).float()  # [3, h, w]
+    pixels = torch.from_numpy(np.array(_decode(path, fix).convert("RGB"))).permute(2, 0, 1).float()  # [3, h, w]
     size = resized_shape(*pixels.shape[-2:], size, keep_width)
     if tuple(pixels.shape[-2:]) != size:
         pixels = F.interpolate(pixels[None], size, mode="bilinear", antialias=True)[0]
@@ -98,11 +115,18 @@ def _read_pixels(path: Path, size: tuple[int, int] | None, keep_width: int | Non
 
 
 def _read_labels(
-    path: Path, lookup: torch.Tensor, size: tuple[int, int] | None, keep_width: int | None
-) -> torch.Tensor:
+    path: Path, lookup: torch.Tensor, size: tuple[int, int] | None, keep_width: int | None,
+    fix: str = "Restore the file.",
+) -> torch.Tensor:  # fmt: skip
     """A label file as ``[H, W]`` int64 train ids (``lookup``), resized by nearest neighbour like the images."""
-    with Image.open(path) as mask:
-        labels = lookup[torch.from_numpy(np.array(mask).astype(np.int64))]  # [h, w]
+    mask = _decode(path, fix)
+    ids = np.array(mask).astype(np.int64)
+    # a colour rendering (Cityscapes' gtFine_color, an RGB copy) or 16-bit ids would index the table wrongly
+    if ids.ndim != 2 or (ids.size and not 0 <= ids.min() <= ids.max() < len(lookup)):
+        raise ConfigError(
+            f"Label file {path} holds {mask.mode} pixels, not 8-bit label ids (a grey or palette PNG).", fix
+        )
+    labels = lookup[torch.from_numpy(ids)]  # [h, w]
     size = resized_shape(*labels.shape, size, keep_width)
     if tuple(labels.shape) != size:
         labels = F.interpolate(labels[None, None].float(), size, mode="nearest")[0, 0].long()
@@ -119,19 +143,20 @@ class SplitImages(LazySamples):
 
     Every image is resized to ``size``, or to width ``keep_width`` with its aspect ratio kept (then images of
     different aspect ratios need batches of one). Images whose ``flips`` entry is true are mirrored left–right.
+    A file that cannot be decoded is a :class:`ConfigError` naming it, with ``fix`` as its advice.
     """
 
     def __init__(
         self, paths: list[Path], size: tuple[int, int], num_workers: int = 4, keep_width: int | None = None,
-        flips: list[bool] | None = None,
+        flips: list[bool] | None = None, fix: str = "Restore the file.",
     ) -> None:  # fmt: skip
         self.paths, self.size, self.num_workers, self.keep_width = paths, tuple(size), num_workers, keep_width
-        self.flips = flips or [False] * len(paths)
+        self.flips, self.fix = flips or [False] * len(paths), fix
         self.shape = (len(paths), 3, *self.size)  # with keep_width, the height is the first image's
 
     def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
         def read(i: int) -> torch.Tensor:
-            pixels = _read_pixels(self.paths[i], self.size, self.keep_width)
+            pixels = _read_pixels(self.paths[i], self.size, self.keep_width, self.fix)
             return _normalise(pixels.flip(-1) if self.flips[i] else pixels)
 
         with ThreadPoolExecutor(max_workers=self.num_workers) as pool:
@@ -140,21 +165,21 @@ class SplitImages(LazySamples):
 
 class SplitMasks(LazySamples):
     """Label files read per batch, mapped to train ids and resized (nearest) like :class:`SplitImages`; ``None``
-    paths are void."""
+    paths are void. A file that cannot be decoded, or holds no 8-bit ids, is a :class:`ConfigError` naming it."""
 
     def __init__(
         self, paths: list[Path | None], size: tuple[int, int], lookup: torch.Tensor, num_workers: int = 4,
-        keep_width: int | None = None, flips: list[bool] | None = None,
+        keep_width: int | None = None, flips: list[bool] | None = None, fix: str = "Restore the file.",
     ) -> None:  # fmt: skip
         self.paths, self.size, self.lookup, self.num_workers = paths, tuple(size), lookup, num_workers
-        self.keep_width, self.flips = keep_width, flips or [False] * len(paths)
+        self.keep_width, self.flips, self.fix = keep_width, flips or [False] * len(paths), fix
         self.shape = (len(paths), *self.size)
 
     def __getitem__(self, index: torch.Tensor) -> torch.Tensor:
         def read(i: int) -> torch.Tensor:
             if self.paths[i] is None:
                 return torch.full(self.size, IGNORE_INDEX, dtype=torch.int64)
-            labels = _read_labels(self.paths[i], self.lookup, self.size, self.keep_width)
+            labels = _read_labels(self.paths[i], self.lookup, self.size, self.keep_width, self.fix)
             return labels.flip(-1) if self.flips[i] else labels
 
         with ThreadPoolExecutor(max_workers=self.num_workers) as pool:
@@ -177,10 +202,10 @@ class SplitCrops(PairedSamples):
 
     def __init__(
         self, images: list[Path], labels: list[Path | None], lookup: torch.Tensor, width: int,
-        crop: tuple[int, int], flip: bool = True, num_workers: int = 4,
+        crop: tuple[int, int], flip: bool = True, num_workers: int = 4, fix: str = "Restore the file.",
     ) -> None:  # fmt: skip
         self.images, self.labels, self.lookup, self.width = images, labels, lookup, width
-        self.crop, self.flip, self.num_workers = (int(crop[0]), int(crop[1])), flip, num_workers
+        self.crop, self.flip, self.num_workers, self.fix = (int(crop[0]), int(crop[1])), flip, num_workers, fix
 
     def __len__(self) -> int:
         return len(self.images)
@@ -189,11 +214,11 @@ class SplitCrops(PairedSamples):
         draws = torch.rand(len(index), 3, generator=generator, dtype=torch.float64)  # [B, (flip, row, column)]
 
         def read(i: int, draw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            pixels = _read_pixels(self.images[i], None, self.width)  # [3, H, W] at width `width`
+            pixels = _read_pixels(self.images[i], None, self.width, self.fix)  # [3, H, W] at width `width`
             if self.labels[i] is None:
                 labels = torch.full(pixels.shape[-2:], IGNORE_INDEX, dtype=torch.int64)
             else:
-                labels = _read_labels(self.labels[i], self.lookup, None, self.width)
+                labels = _read_labels(self.labels[i], self.lookup, None, self.width, self.fix)
             (crop_h, crop_w), (height, width) = self.crop, tuple(pixels.shape[-2:])
             for short, missing in ((width < crop_w, crop_w - width), (height < crop_h, crop_h - height)):
                 if short:  # LADD pads every side by the same amount
@@ -214,11 +239,17 @@ class SplitCrops(PairedSamples):
 
 
 class _SplitDataset(FederatedDataset):
-    """Reads LADD's split files and checks that every file they name exists, reporting all problems at once."""
+    """Reads LADD's split files and checks that they and every file they name exist, reporting all problems at once.
+
+    A split file that is not valid JSON in LEAF's layout, or a user listed by two of them, is one error naming the
+    file; so is an image or label file that cannot be decoded when a batch reads it.
+    """
 
     name: str  # folder under root
     images_dir: str  # under root/<name>/data
     labels_dir: str
+    split_dir: str  # under root/<name>/splits
+    split_names: ClassVar[dict[str, tuple[str, ...]]]  # the split files LADD ships in split_dir/<split>/
     mapping: dict[int, int]  # label id → class
     class_names: tuple[str, ...]  # of the classes the mapping gives
 
@@ -234,54 +265,101 @@ class _SplitDataset(FederatedDataset):
     def folder(self) -> Path:
         return self.root / self.name
 
-    def _require(self, paths: list[Path]) -> None:
-        missing = [p for p in paths if not p.exists()]
+    @property
+    def _fix(self) -> str:
+        """What to do about a missing or damaged file."""
+        return (
+            f"Download {_DOWNLOAD[self.name]}, extract it under {self.folder / 'data'} and copy LADD's "
+            f"data/{self.name}/splits/ (github.com/Erosinho13/LADD) to {self.folder / 'splits'}."
+        )
+
+    def _require(self, paths: list[Path], listed_in: list[Path] | None = None) -> None:
+        """Raises one error for a missing root or every missing path; ``listed_in``: the split file naming each."""
+        sources = dict(zip(paths, listed_in or [None] * len(paths), strict=True))
+        # each path once (a doubled pool lists its files twice); a folder is no file (a list line cut short)
+        missing = [p for p in sources if not p.is_file()]
         if not self.folder.is_dir() or missing:
             shown = ", ".join(str(p) for p in missing[:5]) + (f" and {len(missing) - 5} more" if missing[5:] else "")
-            what = f"{len(missing)} files missing: {shown}." if self.folder.is_dir() else f"no folder {self.folder}."
+            lists = sorted({str(sources[p]) for p in missing[:5] if sources[p] is not None})
+            where = f" (listed in {', '.join(lists)})" if lists else ""
+            what = (
+                f"{len(missing)} files missing{where}: {shown}."
+                if self.folder.is_dir()
+                else f"no folder {self.folder}."
+            )
             raise ConfigError(
                 f"{type(self).__name__} is incomplete under --data.dataset.init_args.root={self.root}: {what}",
-                f"Download {_DOWNLOAD[self.name]}, extract it under {self.folder / 'data'} and copy LADD's "
-                f"data/{self.name}/splits/ (github.com/Erosinho13/LADD) to {self.folder / 'splits'}.",
+                self._fix,
             )
 
-    def _users(self, files: list[Path]) -> list[tuple[str, str, str | None]]:
-        """``(user, image path, label path or None)`` of every image listed in LEAF-style JSON files."""
+    def _damaged(self, file: Path, problem: str) -> ConfigError:
+        return ConfigError(
+            f"Split file {file} is damaged: {problem}.",
+            f"Copy it again from LADD's repository (github.com/Erosinho13/LADD, data/{self.name}/splits/).",
+        )
+
+    def _users(self, files: list[Path]) -> list[tuple[str, str, str | None, Path]]:
+        """``(user, image path, label path or None, split file)`` of every image listed in LEAF-style JSON files."""
         self._require(files)
-        rows = []
+        rows, owner = [], {}
         for file in files:
-            users = json.loads(file.read_text(encoding="utf-8"))["user_data"]
-            for user, data in users.items():
-                labels = data.get("y") or [None] * len(data["x"])
-                rows += [(str(user), x, y) for x, y in zip(data["x"], labels, strict=True)]
+            try:
+                users = json.loads(file.read_text(encoding="utf-8"))["user_data"]
+                listed = [
+                    (str(user), data["x"], data.get("y") or [None] * len(data["x"])) for user, data in users.items()
+                ]
+                for user, xs, ys in listed:
+                    if not all(isinstance(p, str) for p in xs) or not all(p is None or isinstance(p, str) for p in ys):
+                        raise ValueError(f"user {user}'s image and label paths are not strings")
+                    if len(xs) != len(ys):
+                        raise ValueError(f"user {user} lists {len(xs)} images but {len(ys)} label maps")
+            except ValueError as error:  # JSON's and UTF-8's decoding errors among them
+                raise self._damaged(file, str(error)) from error
+            except (KeyError, TypeError, AttributeError) as error:
+                raise self._damaged(file, "not LEAF's layout ({'user_data': {user: {'x': [...]}}})") from error
+            for user, xs, ys in listed:
+                if user in owner:
+                    raise ConfigError(
+                        f"User {user} is listed by two split files, {owner[user]} and {file}.",
+                        f"Keep only LADD's split files in {file.parent}.",
+                    )
+                owner[user] = file
+                rows += [(user, x, y, file) for x, y in zip(xs, ys, strict=True)]
         return rows
 
     def _pool(
-        self, rows: list[tuple[str, str, str | None]], size: tuple[int, int], with_groups: bool,
+        self, rows: list[tuple[str, str, str | None, Path]], size: tuple[int, int], with_groups: bool,
         keep_width: int | None = None, flips: list[bool] | None = None,
     ) -> LabelledTensors:  # fmt: skip
-        images = [self.folder / "data" / self.images_dir / x.lstrip("/") for _, x, _ in rows]
-        labels = [None if y is None else self.folder / "data" / self.labels_dir / y.lstrip("/") for _, _, y in rows]
-        self._require(images + [p for p in labels if p is not None])
+        images = [self.folder / "data" / self.images_dir / x.lstrip("/") for _, x, _, _ in rows]
+        labels = [None if y is None else self.folder / "data" / self.labels_dir / y.lstrip("/") for _, _, y, _ in rows]
+        labelled = [(path, row[3]) for path, row in zip(labels, rows, strict=True) if path is not None]
+        self._require(
+            images + [path for path, _ in labelled], [row[3] for row in rows] + [file for _, file in labelled]
+        )
+        fix = f"Restore the file: {self._fix}"
         return LabelledTensors(
-            SplitImages(images, size, self.num_workers, keep_width, flips),
-            SplitMasks(labels, size, lookup_table(self.mapping), self.num_workers, keep_width, flips),
-            groups=np.array([user for user, _, _ in rows]) if with_groups else None,
+            SplitImages(images, size, self.num_workers, keep_width, flips, fix),
+            SplitMasks(labels, size, lookup_table(self.mapping), self.num_workers, keep_width, flips, fix),
+            groups=np.array([row[0] for row in rows]) if with_groups else None,
             labels=np.zeros(len(rows), dtype=np.int64),  # partitions follow the users, not classes
         )
 
     def _split_files(self, split: str) -> list[Path]:
+        """LADD's split files of ``split`` and any other JSON file beside them, in name order (LADD's listing order
+        is the file system's; sorting fixes it). LADD's must all be there: a missing one would drop its users."""
         folder = self.folder / "splits" / self.split_dir / split
-        files = sorted(folder.glob("*.json")) if folder.is_dir() else []
-        return files or [folder / "*.json"]  # a missing folder is reported by _require
+        found = sorted(folder.glob("*.json")) if folder.is_dir() else []
+        return sorted({*found, *(folder / name for name in self.split_names[split])})
 
-    split_dir: str
+    def _read(self, split: str, size: tuple[int, int], with_groups: bool, **kwargs: Any) -> LabelledTensors:
+        return self._pool(self._users(self._split_files(split)), size, with_groups, **kwargs)
 
     def load_train(self) -> LabelledTensors:
-        return self._pool(self._users(self._split_files("train")), self.size, with_groups=True)
+        return self._read("train", self.size, with_groups=True)
 
     def load_test(self) -> LabelledTensors:
-        return self._pool(self._users(self._split_files("test")), self.test_size, with_groups=False)
+        return self._read("test", self.test_size, with_groups=False)
 
 
 class CityscapesFFREEDA(_SplitDataset):
@@ -298,16 +376,20 @@ class CityscapesFFREEDA(_SplitDataset):
         root: LADD's data folder (see the module docstring).
         size: ``(H, W)`` the training images are read at (full resolution; the run's transform cuts LADD's
             512×1024 crop after a random scale).
-        test_size: ``(H, W)`` of the test images; LADD tests at the full 1024×2048.
+        test_size: ``(H, W)`` of the test images (default: ``size``); LADD tests at the full 1024×2048.
         double: ``flipped``, ``repeated`` or null (each training image once; then flip at random instead).
         num_workers: threads that decode a batch.
     """
 
     name, images_dir, labels_dir, split_dir = "cityscapes", "leftImg8bit", "gtFine", "heterogeneous"
+    split_names: ClassVar[dict[str, tuple[str, ...]]] = {
+        "train": tuple(f"all_data_{i}.json" for i in range(24)),
+        "test": ("all_data_0.json",),
+    }
     mapping, class_names = CITYSCAPES_19, CITYSCAPES_19_CLASSES
 
     def __init__(
-        self, root: str, size: tuple[int, int] = (1024, 2048), test_size: tuple[int, int] | None = (1024, 2048),
+        self, root: str, size: tuple[int, int] = (1024, 2048), test_size: tuple[int, int] | None = None,
         double: Literal["flipped", "repeated"] | None = None, num_workers: int = 4,
     ) -> None:  # fmt: skip
         if double not in ("flipped", "repeated", None):
@@ -318,9 +400,9 @@ class CityscapesFFREEDA(_SplitDataset):
         self.double = double
 
     def load_train(self) -> LabelledTensors:
-        rows = self._users(self._split_files("train"))
         if self.double is None:
-            return self._pool(rows, self.size, with_groups=True)
+            return super().load_train()
+        rows = self._users(self._split_files("train"))
         # the copies follow the originals; the Natural partitioner gathers each client's by its id
         flips = [False] * len(rows) + [self.double == "flipped"] * len(rows)
         return self._pool(rows + rows, self.size, with_groups=True, flips=flips)
@@ -338,6 +420,10 @@ class CrossCity(_SplitDataset):
     """
 
     name, images_dir, labels_dir, split_dir = "crosscity", "cities", "cities", "by_city_cpc0_ms27_me10"
+    split_names: ClassVar[dict[str, tuple[str, ...]]] = {
+        "train": ("Rio.json", "Rome.json", "Taipei.json", "Tokyo.json"),
+        "test": ("test_user.json",),
+    }
     mapping, class_names = CROSSCITY_13, CROSSCITY_13_CLASSES
     train_labels = False  # the split files list no label map for a training image
 
@@ -373,6 +459,10 @@ class Mapillary(_SplitDataset):
     """
 
     name, images_dir, labels_dir, split_dir, mapping = "mapillary", "", "", "clustering", MAPILLARY_19
+    split_names: ClassVar[dict[str, tuple[str, ...]]] = {
+        "train": tuple(f"{c}.json" for c in ("AF", "AS", "EU", "NA", "OC", "SA")),
+        "test": ("test_user.json",),
+    }
     class_names = CITYSCAPES_19_CLASSES
 
     def __init__(
@@ -406,7 +496,7 @@ class Mapillary(_SplitDataset):
         return pool
 
     def load_test(self) -> LabelledTensors:
-        return self._pool(self._users(self._split_files("test")), self.test_size, False, keep_width=self.test_width)
+        return self._read("test", self.test_size, with_groups=False, keep_width=self.test_width)
 
 
 class GTA5(_SplitDataset):
@@ -443,8 +533,17 @@ class GTA5(_SplitDataset):
     def load_train(self) -> LabelledTensors:
         listing = self.folder / "splits" / f"{self.split}.txt"
         self._require([listing])
-        pairs = [line.split() for line in listing.read_text().splitlines() if line.strip()]
-        return self._pool([("gta5", x, y) for x, y in pairs], self.size, with_groups=True)
+        try:
+            lines = listing.read_text(encoding="utf-8").splitlines()
+        except ValueError as error:  # not text
+            raise self._damaged(listing, str(error)) from error
+        pairs = [(number, line.split()) for number, line in enumerate(lines, 1) if line.strip()]
+        for number, pair in pairs:
+            if len(pair) != 2:
+                raise self._damaged(
+                    listing, f"line {number} is {lines[number - 1]!r}, not '/images/<file> /labels/<file>'"
+                )
+        return self._pool([("gta5", x, y, listing) for _, (x, y) in pairs], self.size, with_groups=True)
 
     def load_test(self) -> LabelledTensors | None:
         return None if self.evaluate_on is None else self.evaluate_on.load_test()

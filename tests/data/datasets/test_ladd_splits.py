@@ -1,10 +1,29 @@
 """LADD's split-file datasets on generated miniatures of their on-disk layouts."""
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from miniatures.street import (
+    CITYSCAPES_TRAIN,
+    CROSSCITY_TRAIN,
+    GTA5_SIZE,
+    GTA5_SPLITS,
+    MAPILLARY_TRAIN,
+    SIZE,
+    cityscapes_files,
+    mapillary_files,
+    write_cityscapes,
+    write_crosscity,
+    write_gta5,
+    write_labels,
+    write_leaf,
+    write_mapillary,
+    write_rgb,
+)
 from PIL import Image
 
 from fedlight.clients import SelfTrainingClient
@@ -26,56 +45,37 @@ from fedlight.strategies import LADD
 H, W = 16, 32
 
 
-def _image(path, seed, value=None):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    if value is None:
-        Image.fromarray(rng.integers(0, 256, (H, W, 3), dtype=np.uint8)).save(path)
-    else:  # a label map: left half `value[0]`, right half `value[1]`
-        labels = np.full((H, W), value[0], dtype=np.uint8)
-        labels[:, W // 2 :] = value[1]
-        Image.fromarray(labels).save(path)
+def _halves(path, left, right, shape=SIZE):
+    """Overwrites a label map with id ``left`` on its left half and ``right`` on its right half."""
+    ids = np.full(shape, left, dtype=np.uint8)
+    ids[:, shape[1] // 2 :] = right
+    write_labels(path, ids, palette=path.parent.name == "labels")  # GTA5's and Mapillary's are palette PNGs
 
 
-def _leaf(path, users):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"users": list(users), "num_samples": [len(u["x"]) for u in users.values()],
-                                "user_data": users}))  # fmt: skip
+def _leaf(path):
+    return json.loads(path.read_text())["user_data"]
 
 
-def crosscity(root, sizes=(3, 2, 3, 4)):
-    base = root / "crosscity"
-    seed = 0
-    for city in ("Rio", "Rome"):
-        users = {}
-        for number in (1, 2):
-            xs = [f"{city}/Images/Train/{city}_{number}_{i}.jpg" for i in range(sizes[seed % 4])]
-            for x in xs:
-                seed += 1
-                _image(base / "data/cities" / x, seed)
-            users[f"{city}{number}"] = {"x": xs}
-        _leaf(base / "splits/by_city_cpc0_ms27_me10/train" / f"{city}.json", users)
-    test = {"x": [f"Rome/Images/Test/t{i}.png" for i in range(2)]}
-    test["y"] = [f"Rome/Labels/Test/t{i}_eval.png" for i in range(2)]
-    for i, (x, y) in enumerate(zip(test["x"], test["y"], strict=True)):
-        _image(base / "data/cities" / x, 100 + i)
-        _image(base / "data/cities" / y, 0, value=(7, 26 if i == 0 else 0))  # road | car, or road | void
-    _leaf(base / "splits/by_city_cpc0_ms27_me10/test/test_user.json", {"test_user": test})
+CROSSCITY_SPLITS = "crosscity/splits/by_city_cpc0_ms27_me10"
 
 
 def test_crosscity_clients_are_the_split_files_users_unlabelled_and_the_test_set_is_mapped(tmp_path):
-    crosscity(tmp_path)
-    dataset = CrossCity(str(tmp_path), size=(H, W))
+    write_crosscity(tmp_path)
+    test_user = _leaf(tmp_path / CROSSCITY_SPLITS / "test/test_user.json")["test_user"]
+    _halves(tmp_path / "crosscity/data/cities" / test_user["y"][0], 7, 26)  # road | car
+    _halves(tmp_path / "crosscity/data/cities" / test_user["y"][1], 7, 0)  # road | void
+    dataset = CrossCity(str(tmp_path), size=SIZE)
     train, test = dataset.load_train(), dataset.load_test()
-    assert dataset.num_classes == 13 and dataset.input_shape == (3, H, W)
-    assert sorted(set(train.groups.tolist())) == ["Rio1", "Rio2", "Rome1", "Rome2"]
+    assert dataset.num_classes == 13 and dataset.input_shape == (3, *SIZE)
+    assert sorted(set(train.groups.tolist())) == sorted(u for users in CROSSCITY_TRAIN.values() for u in users)
     assert (train.targets[torch.arange(len(train))] == 255).all()  # FFREEDA's clients have no labels
     x = train.inputs[torch.tensor([0])]
-    pixels = np.array(Image.open(tmp_path / "crosscity/data/cities/Rio/Images/Train/Rio_1_0.jpg").convert("RGB"))
+    first = _leaf(tmp_path / CROSSCITY_SPLITS / "train/Rio.json")["Rio1"]["x"][0]
+    pixels = np.array(Image.open(tmp_path / "crosscity/data/cities" / first).convert("RGB"))
     torch.testing.assert_close(x[0], (torch.from_numpy(pixels).permute(2, 0, 1).float() / 255 - 0.5) / 0.5)
     labels = test.targets[torch.tensor([0, 1])]
     assert labels[0, 0, 0] == 0 and labels[0, 0, -1] == 9 and labels[1, 0, -1] == 255  # road, car, void
-    assert test.groups is None and len(test) == 2
+    assert test.groups is None and len(test) == len(test_user["x"])
 
 
 def _ladd_fit(data, tmp_path, num_classes, cluster_layers, rounds):
@@ -89,114 +89,101 @@ def _ladd_fit(data, tmp_path, num_classes, cluster_layers, rounds):
 
 
 def test_a_federated_ladd_round_on_the_crosscity_miniature(tmp_path):
-    crosscity(tmp_path)
+    write_crosscity(tmp_path)
     data = FederatedDataModule(CrossCity(str(tmp_path), size=(H, W), num_workers=1), batch_size=2, test_fraction=0.0,
                                drop_last=True, eval_batch_size=2)  # fmt: skip
     trainer, metrics = _ladd_fit(data, tmp_path, num_classes=13, cluster_layers="classifier", rounds=2)
-    assert data.num_clients == 4 and trainer.bank.num_clusters == 2
+    assert data.num_clients == sum(map(len, CROSSCITY_TRAIN.values())) and trainer.bank.num_clusters == 2
     assert 0 <= metrics["test/routed/miou"] <= 1 and "test/miou" in metrics
     assert metrics["round/clients_aggregated"] == 2
 
 
 def test_cityscapes_mapillary_and_gta5_layouts_map_their_label_ids(tmp_path):
-    city = tmp_path / "cityscapes"
-    users = {
-        f"jena{k}": {"x": [f"train/jena/jena_{k}_leftImg8bit.png"], "y": [f"train/jena/jena_{k}_gtFine_labelIds.png"]}
-        for k in range(2)
-    }
-    for k in range(2):
-        _image(city / "data/leftImg8bit" / users[f"jena{k}"]["x"][0], k)
-        _image(city / "data/gtFine" / users[f"jena{k}"]["y"][0], 0, value=(7, 33))
-    _leaf(city / "splits/heterogeneous/train/all_data_0.json", users)
-    _leaf(city / "splits/heterogeneous/test/all_data_0.json", {"test_user": users["jena0"]})
+    write_cityscapes(tmp_path)
+    test_user = _leaf(tmp_path / "cityscapes/splits/heterogeneous/test/all_data_0.json")["test_user"]
+    _halves(tmp_path / "cityscapes/data/gtFine" / test_user["y"][0], 7, 33)  # road | bicycle
     cityscapes = CityscapesFFREEDA(str(tmp_path), size=(H, W), test_size=(2 * H, 2 * W))
-    assert cityscapes.num_classes == 19 and cityscapes.load_train().groups.tolist() == ["jena0", "jena1"]
+    users = [user for clients in CITYSCAPES_TRAIN.values() for user in clients]
+    assert cityscapes.num_classes == 19 and sorted(set(cityscapes.load_train().groups)) == sorted(users)
     labels = cityscapes.load_test().targets[torch.tensor([0])]
     assert labels.shape == (1, 2 * H, 2 * W) and labels[0, 0, 0] == 0 and labels[0, 0, -1] == 18  # road, bicycle
 
-    mapillary = tmp_path / "mapillary"
-    _image(mapillary / "data/training/images/a.jpg", 1)
-    _image(mapillary / "data/training/v1.2/labels/a.png", 0, value=(55, 3))  # Car → car 13, Fence → fence 4
-    _leaf(mapillary / "splits/clustering/train/EU.json",
-          {"EU0": {"x": ["training/images/a.jpg"], "y": ["training/v1.2/labels/a.png"]}})  # fmt: skip
+    write_mapillary(tmp_path)
+    af0 = _leaf(tmp_path / "mapillary/splits/clustering/train/AF.json")["AF0"]
+    _halves(tmp_path / "mapillary/data" / af0["y"][0], 55, 3, MAPILLARY_TRAIN["AF.json"]["AF0"][0])
     masks = Mapillary(str(tmp_path), size=(H, W)).load_train().targets[torch.tensor([0])]
-    assert masks[0, 0, 0] == 13 and masks[0, 0, -1] == 4
+    assert masks[0, 0, 0] == 13 and masks[0, 0, -1] == 4  # Car → car 13, Fence → fence 4
 
-    gta = tmp_path / "gta5"
-    _image(gta / "data/images/00001.png", 2)
-    _image(gta / "data/labels/00001.png", 0, value=(26, 32))  # car, motorcycle
-    (gta / "splits").mkdir(parents=True)
-    (gta / "splits/train.txt").write_text("/images/00001.png /labels/00001.png\n")
+    write_gta5(tmp_path)
+    label = (tmp_path / "gta5/splits/train.txt").read_text().split()[1]
+    _halves(tmp_path / "gta5/data" / label.lstrip("/"), 26, 32, GTA5_SIZE)  # car, motorcycle
     to_crosscity = GTA5(str(tmp_path), target="crosscity", size=(H, W)).load_train()
-    assert to_crosscity.groups.tolist() == ["gta5"]
+    assert to_crosscity.groups.tolist() == ["gta5"] * GTA5_SPLITS["train"]
     assert to_crosscity.targets[torch.tensor([0])][0, 0, [0, -1]].tolist() == [9, 11]  # CrossCity's car, motorcycle
     source = GTA5(str(tmp_path), target="cityscapes", size=(H, W), evaluate_on=cityscapes)
-    assert source.num_classes == 19 and len(source.load_test()) == 1  # the target's one test image
+    assert source.num_classes == 19 and len(source.load_test()) == len(test_user["x"])  # the target's test images
 
 
 def test_a_missing_root_or_absent_images_give_one_error_that_says_what_to_do(tmp_path):
     with pytest.raises(ConfigError, match=r"root=.*no folder .*crosscity[\s\S]*CrossCity[\s\S]*splits"):
         CrossCity(str(tmp_path / "nowhere")).load_train()
-    crosscity(tmp_path)
-    for image in ("Rio_1_0.jpg", "Rio_1_1.jpg"):
-        (tmp_path / "crosscity/data/cities/Rio/Images/Train" / image).unlink()
-    with pytest.raises(ConfigError, match=r"2 files missing: .*Rio_1_0.jpg, .*Rio_1_1.jpg\.") as error:
+    write_crosscity(tmp_path)
+    images = _leaf(tmp_path / CROSSCITY_SPLITS / "train/Rio.json")["Rio1"]["x"][:2]
+    for image in images:
+        (tmp_path / "crosscity/data/cities" / image).unlink()
+    names = [re.escape(Path(image).name) for image in images]
+    with pytest.raises(
+        ConfigError, match=rf"2 files missing \(listed in .*Rio\.json\): .*{names[0]}, .*{names[1]}\."
+    ) as error:
         CrossCity(str(tmp_path)).load_train()
     assert len(error.value.problems) == 2  # what is missing, then where to get it
 
 
-def _cityscapes_clients(root, sizes=(2, 1)):
-    city = root / "cityscapes"
-    users = {}
-    for k, size in enumerate(sizes):
-        xs = [f"train/jena/jena_{k}_{i}_leftImg8bit.png" for i in range(size)]
-        ys = [x.replace("leftImg8bit.png", "gtFine_labelIds.png") for x in xs]
-        for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
-            _image(city / "data/leftImg8bit" / x, 10 * k + i)
-            _image(city / "data/gtFine" / y, 0, value=(7, 33))  # road | bicycle
-        users[f"jena{k}"] = {"x": xs, "y": ys}
-    _leaf(city / "splits/heterogeneous/train/all_data_0.json", users)
-    return users
-
-
 @pytest.mark.parametrize("double", ["flipped", "repeated"])
 def test_cityscapes_double_dataset_gives_every_client_its_images_and_a_copy(tmp_path, double):
-    users = _cityscapes_clients(tmp_path)
-    train = CityscapesFFREEDA(str(tmp_path), size=(H, W), double=double, num_workers=1).load_train()
-    assert train.groups.tolist() == ["jena0", "jena0", "jena1"] * 2  # originals, then the copies
-    clients = Natural()(train.partition_labels(), 2, np.random.default_rng(0), groups=train.groups)
-    assert sorted(len(c) for c in clients) == [2, 4]  # each client's n images count twice
-    images, masks = train.inputs[torch.arange(6)], train.targets[torch.arange(6)]
-    for i, x in enumerate(users["jena0"]["x"] + users["jena1"]["x"]):
+    write_cityscapes(tmp_path)
+    listed = {}  # user → its images, in the order of the split files' names
+    for name in sorted(CITYSCAPES_TRAIN):
+        listed |= {
+            user: data["x"] for user, data in _leaf(tmp_path / "cityscapes/splits/heterogeneous/train" / name).items()
+        }
+    _halves(tmp_path / "cityscapes/data/gtFine" / cityscapes_files("jena0", 0)[1], 7, 33)  # road | bicycle
+    train = CityscapesFFREEDA(str(tmp_path), size=SIZE, double=double, num_workers=1).load_train()
+    order = [user for user, xs in listed.items() for _ in xs]
+    n = len(order)
+    assert train.groups.tolist() == order * 2  # originals, then the copies
+    clients = Natural()(train.partition_labels(), len(listed), np.random.default_rng(0), groups=train.groups)
+    assert sorted(len(c) for c in clients) == sorted(2 * len(xs) for xs in listed.values())  # n images count twice
+    images, masks = train.inputs[torch.arange(2 * n)], train.targets[torch.arange(2 * n)]
+    for i, x in enumerate(x for xs in listed.values() for x in xs):
         pixels = np.array(Image.open(tmp_path / "cityscapes/data/leftImg8bit" / x).convert("RGB"), dtype=np.float32)
         copy = pixels[:, ::-1] if double == "flipped" else pixels  # mirrored left–right, or the same image
-        for index, expected in ((i, pixels), (i + 3, copy)):
+        for index, expected in ((i, pixels), (i + n, copy)):
             torch.testing.assert_close(images[index], torch.from_numpy(expected.copy() / 127.5 - 1).permute(2, 0, 1))
-    assert masks[0, 0, [0, -1]].tolist() == [0, 18]  # road | bicycle
-    assert masks[3, 0, [0, -1]].tolist() == ([18, 0] if double == "flipped" else [0, 18])
+    assert order[0] == "jena0" and masks[0, 0, [0, -1]].tolist() == [0, 18]  # road | bicycle
+    assert masks[n, 0, [0, -1]].tolist() == ([18, 0] if double == "flipped" else [0, 18])
 
 
 def test_cityscapes_without_doubling_reads_each_image_once_and_a_bad_mode_is_reported(tmp_path):
-    _cityscapes_clients(tmp_path)
-    assert len(CityscapesFFREEDA(str(tmp_path), size=(H, W)).load_train()) == 3
+    write_cityscapes(tmp_path)
+    images = sum(n for clients in CITYSCAPES_TRAIN.values() for n in clients.values())
+    assert len(CityscapesFFREEDA(str(tmp_path), size=(H, W)).load_train()) == images
     with pytest.raises(ConfigError, match=r"double in \{flipped, repeated, null\}"):
         CityscapesFFREEDA(str(tmp_path), double="mirrored")
 
 
 def test_mapillary_test_images_keep_their_aspect_ratio_at_the_test_width(tmp_path):
-    base = tmp_path / "mapillary"
+    base = tmp_path / "mapillary/data"
     shapes = {"a": (20, 40), "b": (30, 40)}  # (height, width) of two validation images
-    (base / "data/validation/images").mkdir(parents=True)
-    (base / "data/validation/v1.2/labels").mkdir(parents=True)
+    test = {"x": [], "y": []}
     for name, (h, w) in shapes.items():
-        pixels = np.random.default_rng(h).integers(0, 256, (h, w, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(base / f"data/validation/images/{name}.jpg")
+        x, y = mapillary_files("validation", name)
+        write_rgb(base / x, (h, w), name)
         labels = np.full((h, w), 13, dtype=np.uint8)  # road (train id 0) above, car (13) below the middle row
         labels[h // 2 :] = 55
-        Image.fromarray(labels).save(base / f"data/validation/v1.2/labels/{name}.png")
-    test = {"x": [f"validation/images/{n}.jpg" for n in shapes]}
-    test["y"] = [f"validation/v1.2/labels/{n}.png" for n in shapes]
-    _leaf(base / "splits/clustering/test/test_user.json", {"test_user": test})
+        write_labels(base / y, labels, palette=True)
+        test["x"].append(x), test["y"].append(y)
+    write_leaf(tmp_path / "mapillary/splits/clustering/test/test_user.json", {"test_user": test}, bare_count=True)
     dataset = Mapillary(str(tmp_path), size=(H, W), test_width=16, num_workers=1)
     pool = dataset.load_test()
     first, second = pool.inputs[torch.tensor([0])], pool.inputs[torch.tensor([1])]
@@ -212,21 +199,26 @@ def test_mapillary_test_images_keep_their_aspect_ratio_at_the_test_width(tmp_pat
 
 
 def _coded_mapillary(root, shapes):
-    """Mapillary training clients, one per image of ``(height, width)``: pixel (r, c) shows (r, c, 0) and is
-    labelled road (train id 0) where r + c is even, car (13) where odd; and a test user with the first image."""
+    """Mapillary training clients of LADD's first split file (AF.json; the other continents' files list no one),
+    one per image of ``(height, width)``: pixel (r, c) shows (r, c, 0) and is labelled road (train id 0) where
+    r + c is even, car (13) where odd; and a test user with the first image."""
     base, users = root / "mapillary", {}
     for k, (h, w) in enumerate(shapes):
         rows, cols = np.mgrid[:h, :w]
-        pixels = np.stack([rows, cols, np.zeros_like(rows)], axis=-1).astype(np.uint8)
-        (base / "data/training/images").mkdir(parents=True, exist_ok=True)
-        (base / "data/training/v1.2/labels").mkdir(parents=True, exist_ok=True)
-        Image.fromarray(pixels).save(base / f"data/training/images/{k}.png")
-        Image.fromarray(np.where((rows + cols) % 2 == 0, 13, 55).astype(np.uint8)).save(
-            base / f"data/training/v1.2/labels/{k}.png"
+        x, y = (path.replace(".jpg", ".png") for path in mapillary_files("training", str(k)))  # lossless codes
+        Image.fromarray(np.stack([rows, cols, np.zeros_like(rows)], axis=-1).astype(np.uint8)).save(
+            _mkdir(base / "data" / x)
         )
-        users[f"EU{k}"] = {"x": [f"training/images/{k}.png"], "y": [f"training/v1.2/labels/{k}.png"]}
-    _leaf(base / "splits/clustering/train/EU.json", users)
-    _leaf(base / "splits/clustering/test/test.json", {"test_user": users["EU0"]})
+        write_labels(base / "data" / y, np.where((rows + cols) % 2 == 0, 13, 55).astype(np.uint8), palette=True)
+        users[f"AF{k}"] = {"x": [x], "y": [y]}
+    for continent in ("AF", "AS", "EU", "NA", "OC", "SA"):
+        write_leaf(base / f"splits/clustering/train/{continent}.json", users if continent == "AF" else {})
+    write_leaf(base / "splits/clustering/test/test_user.json", {"test_user": users["AF0"]}, bare_count=True)
+
+
+def _mkdir(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def test_mapillary_training_reads_a_random_window_of_each_image_and_its_labels_alike(tmp_path):
