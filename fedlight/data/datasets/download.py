@@ -116,8 +116,8 @@ def through_torchvision(
             return read()  # torchvision checks the files first and downloads only what is missing
     except (OSError, RuntimeError) as error:
         absent = missing_files(expected)
-        if download:
-            raise ConfigError(*absent, *download_failed(name, urls, folder, error).problems) from error
+        if download:  # the download's failure says it all: which files were missing is what it set out to fetch
+            raise download_failed(name, urls, folder, error) from error
         found = (
             [f"{name} is incomplete under --data.dataset.init_args.root={root}:", *absent]
             if absent
