@@ -129,6 +129,23 @@ def _get(cfg: Namespace, key: str) -> Any:
         return None
 
 
+def _restore_nulls(cfg: Namespace, args: list[str]) -> None:
+    """Sets the entries of dict options that a flag sets to null back to None.
+
+    jsonargparse parses ``--model.init_args.model_kwargs.encoder_weights=null`` (an entry of a dict option of a
+    class chosen by ``class_path``) as the string ``"None"``; the same entry given in YAML or as a whole dict is
+    None, as the flag says.
+    """
+    for arg in args:
+        flag, equals, value = arg.partition("=")
+        if not (equals and flag.startswith("--") and value.strip().lower() in ("null", "none", "~")):
+            continue
+        parent, _, key = flag[2:].rpartition(".")
+        entries = _get(cfg, parent) if parent else None
+        if isinstance(entries, dict) and entries.get(key) == "None":
+            entries[key] = None
+
+
 def _plain(text: str) -> str:
     """Docstring text without reST markup: ``:class:`~a.B``` → ``B``, double backticks dropped.
 
@@ -247,6 +264,7 @@ def run(args: list[str] | None = None) -> dict[str, float]:
         cfg = parser.parse_args(with_checkpoint_config(args, Path(folder), SUBCOMMANDS))
     name = cfg.subcommand
     sub_cfg: Namespace = cfg[name]
+    _restore_nulls(sub_cfg, args)
     if sub_cfg.ckpt_path == "last":
         run_root = Path(sub_cfg.trainer.default_root_dir) / sub_cfg.trainer.name
         versions = sorted(run_root.glob("version_*"))

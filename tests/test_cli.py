@@ -598,3 +598,20 @@ def test_environment_variables_fill_in_what_files_and_flags_leave_unset_as_the_r
             run([*args, "--print_config"])
         assert yaml.safe_load(capsys.readouterr().out)["trainer"]["rounds"] == rounds
     assert "JSONARGPARSE_DEFAULT_ENV=true" in (REPO / "README.md").read_text()
+
+
+def test_a_dict_entry_set_to_null_by_a_flag_is_none(parser):
+    """A flag that sets an entry of a dict option to null means None, as the same entry in YAML does."""
+    from fedlight.cli import _restore_nulls
+
+    pascal = str(REPO / "conf/fedproto/pascal/fedproto_alpha0.1.yaml")
+    for null in ("null", "None"):
+        args = ["fit", "--config", pascal, f"--model.init_args.model_kwargs.encoder_weights={null}"]
+        cfg = parser.parse_args(args)["fit"]
+        _restore_nulls(cfg, args)
+        kwargs = cfg.model.init_args.model_kwargs
+        assert kwargs == {"encoder_name": "mobilenet_v2", "encoder_weights": None, "output_stride": 16}
+    args = ["fit", "--config", pascal, "--model.init_args.model_kwargs.encoder_weights=imagenet"]
+    cfg = parser.parse_args(args)["fit"]
+    _restore_nulls(cfg, args)
+    assert cfg.model.init_args.model_kwargs["encoder_weights"] == "imagenet"
