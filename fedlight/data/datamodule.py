@@ -17,7 +17,6 @@ which crops each image and its labels alike as they are read, with the same gene
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from typing import Literal
 
@@ -61,7 +60,8 @@ class FederatedDataModule:
         drop_last: drop each local epoch's last batch when it is smaller than ``batch_size``, as a
             ``DataLoader`` does. DeepLab-V3+'s image-pooling BatchNorm cannot train on one image, so the
             segmentation configs set it; a client with fewer training samples than one batch then
-            trains no step.
+            trains no step. Without it, a model that trains BatchNorm still leaves out a last batch of one
+            sample (a different one each epoch), which BatchNorm cannot normalise.
         return_index: training batches are ``(x, y, index)`` with each sample's position in the pool, for
             losses that look up other data of a sample (STEGO's nearest neighbours, cached backbone
             features); evaluation batches are unchanged.
@@ -112,6 +112,9 @@ class FederatedDataModule:
         self.centralized = centralized
         self.train_transform = train_transform
         self.drop_last = drop_last
+        #: the smallest last batch an epoch keeps; the engine raises it to 2 for a model that trains BatchNorm,
+        #: which cannot normalise one sample (its client would fail that step and be left out of the round)
+        self.min_last_batch = 1
         self.return_index = return_index
         self.shuffle = shuffle
         self.device = torch.device("cpu")
@@ -200,8 +203,8 @@ class FederatedDataModule:
 
     def num_batches(self, client: int) -> int:
         """Training batches in one local epoch of client ``client``."""
-        rounding = math.floor if self.drop_last else math.ceil
-        return rounding(len(self.client_train[client]) / self.batch_size)
+        full, last = divmod(len(self.client_train[client]), self.batch_size)
+        return full + int(not self.drop_last and last >= self.min_last_batch)
 
     def train_batches(self, client: int, generator: torch.Generator) -> Iterator[tuple[torch.Tensor, ...]]:
         """Yields one shuffled epoch of client ``client``'s training batches (the last may be smaller).

@@ -108,7 +108,7 @@ class GlobalModel:
         slots = strategy.client_state_slots(context)
         if not slots or self.client_states is not None:
             return
-        self.client_states = ClientStateStore(slots, directory, budget_bytes)
+        self.client_states = ClientStateStore(slots, directory, budget_bytes, context.datamodule.num_clients)
         if self.pending_client_states is not None:
             self.client_states.load_state_dict(self.pending_client_states)
         store = self.client_states
@@ -145,6 +145,14 @@ class GlobalModel:
         if saved_layout != self.layout.signature() or saved_frozen != sorted(self.layout.frozen_names):
             return ["its model has different parameters (names, shapes or frozen parts) than --model"]
         return []
+
+
+def trains_batchnorm(module: torch.nn.Module) -> bool:
+    """Whether a local fit trains a BatchNorm layer (one not frozen), which cannot normalise a batch of one sample."""
+    return any(
+        isinstance(layer, torch.nn.modules.batchnorm._BatchNorm) and any(p.requires_grad for p in layer.parameters())
+        for layer in module.modules()
+    )
 
 
 def load_outside_weights(model: FederatedClient, init_from: Path | None) -> None:
@@ -204,7 +212,25 @@ def check_model(model: FederatedClient, datamodule: FederatedDataModule, users: 
                     f"--model.init_args.optimizer has lr=0 ({type(stand_in).__name__}): no local step would change "
                     "the model, and the run would report an untrained one. Give it a learning rate > 0."
                 )
+    problems += _input_dtype_problems(model, datamodule)
     for user in users:
         problems += user.check(model, datamodule)
     if problems:
         raise ConfigError(*problems)
+
+
+def _input_dtype_problems(model: FederatedClient, datamodule: FederatedDataModule) -> list[str]:
+    """uint8 images (how the CIFAR-style readers keep them) reach a network that cannot take them: found in the
+    first client's first step otherwise, after the run folder exists. A network that scales and standardises
+    uint8 inputs itself says so with ``accepts_uint8 = True`` (fedlight's ResNets)."""
+    inputs = getattr(datamodule.pool, "inputs", None)
+    net = getattr(model, "net", None)
+    if not isinstance(inputs, torch.Tensor) or inputs.dtype != torch.uint8 or net is None:
+        return []
+    if getattr(net, "accepts_uint8", False):
+        return []
+    return [
+        f"--data gives uint8 images ({type(datamodule.dataset).__name__}), which the {type(net).__name__} network "
+        "of --model cannot take: it expects floating-point inputs. Choose a network that standardises uint8 "
+        "images itself (resnet18, resnet50), or a dataset that gives floats."
+    ]

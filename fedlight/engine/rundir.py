@@ -42,18 +42,23 @@ def check_root(root: Path, name: str) -> list[str]:
             f"--trainer.name={name!r} leads outside --trainer.default_root_dir; use a plain folder name such as "
             "'fedavg'."
         )
-    existing = root.absolute()
+    return problems + folder_problems(root, "--trainer.default_root_dir", "a folder for the runs")
+
+
+def folder_problems(folder: Path, flag: str, what: str) -> list[str]:
+    """Whether ``folder`` can be created and written: its nearest existing ancestor must be a writable folder.
+
+    >>> folder_problems(Path("/dev/null/runs"), "--flag", "a folder")
+    ['--flag=/dev/null/runs: /dev/null is a file, not a folder. Pass a folder.']
+    """
+    existing = folder.absolute()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        problems.append(
-            f"--trainer.default_root_dir={root}: {existing} is a file, not a folder. Pass a folder for the runs."
-        )
-    elif not os.access(existing, os.W_OK | os.X_OK):
-        problems.append(
-            f"--trainer.default_root_dir={root}: {existing} is not writable. Pass a folder you can write to."
-        )
-    return problems
+        return [f"{flag}={folder}: {existing} is a file, not a folder. Pass {what}."]
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return [f"{flag}={folder}: {existing} is not writable. Pass {what} you can write to."]
+    return []
 
 
 def new_version_dir(parent: Path, attempts: int = 1000) -> Path:

@@ -22,6 +22,7 @@ import torch
 from lightning.fabric.loggers import Logger
 
 from fedlight import checkpoint as ckpt_io
+from fedlight.engine import trackers
 from fedlight.engine.aggregation import Aggregation
 from fedlight.engine.config import (
     BatchingSettings,
@@ -39,7 +40,7 @@ from fedlight.engine.guards import FailureGuards
 from fedlight.engine.launch import Ranks, missing_launcher, resolve_threads
 from fedlight.engine.local_fit import LocalTraining
 from fedlight.engine.loggers import RunLoggers, wandb_login_problems
-from fedlight.engine.model import GlobalModel, load_outside_weights, prepare_module
+from fedlight.engine.model import GlobalModel, load_outside_weights, prepare_module, trains_batchnorm
 from fedlight.engine.personal import PersonalEvaluator
 from fedlight.engine.run_state import RunProgress, check_checkpoint, python_config
 from fedlight.engine.rundir import RunFolder, check_root, recorded_run_dir
@@ -85,6 +86,7 @@ def trainer_settings(arguments: dict[str, Any]) -> TrainerSettings:
         *missing_launcher(a.num_nodes, a.devices),
         *wandb_login_problems(list(loggers), a.wandb_mode),
         *check_root(Path(a.default_root_dir), a.name),
+        *trackers.folder_problems_of(loggers),
     ]
     if problems:
         raise ConfigError(*problems)
@@ -205,6 +207,8 @@ class RunInputs:
         described = config if config is not None else describe()
         users = () if evaluating else (strategy, *callbacks)  # evaluation runs neither rule nor callbacks
         module = prepare_module(model, data, users, fabric, settings.processes.channels_last)
+        if not data.drop_last and trains_batchnorm(module.module):
+            data.min_last_batch = 2  # an epoch's last batch of one sample is left out rather than failing its client
         if not evaluating:
             check_round_size(strategy, loop.clients_per_round, loop.straggler_fraction)
         return cls(module, data, strategy, config, described, fingerprint)

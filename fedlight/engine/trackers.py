@@ -10,9 +10,13 @@ set on the new instance before its first use, here and nowhere else. Other logge
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from lightning.fabric.loggers import Logger
+
+from fedlight.engine import rundir
 
 #: the attribute that names a logger's run, for each kind of Lightning logger that can continue one
 RUN_ATTRIBUTES = {"TensorBoardLogger": "_version", "MLFlowLogger": "_run_id", "WandbLogger": "_id"}
@@ -84,3 +88,15 @@ def hyperparameters(config: dict[str, Any]) -> dict[str, Any]:
 
     walk("", config)
     return flat
+
+
+def folder_problems_of(loggers: Sequence[Any]) -> list[str]:
+    """The Lightning loggers' folders (``save_dir``) that could not be written, found at set-up rather than when
+    the first round is logged, after its training."""
+    problems = []
+    for logger in loggers:
+        folder = getattr(logger, "save_dir", None) if isinstance(logger, Logger) else None
+        if isinstance(folder, str | Path) and "://" not in str(folder):
+            flag = f"--trainer.logger {type(logger).__name__}'s save_dir"
+            problems += rundir.folder_problems(Path(folder), flag, "a folder for its files")
+    return problems

@@ -114,6 +114,9 @@ class ResNet(nn.Module):
         self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
 
+    #: uint8 images are scaled and standardised here (:meth:`standardise`)
+    accepts_uint8 = True
+
     def load_pretrained(self) -> None:
         """Loads PyTorch's ImageNet weights into the encoder when ``pretrained`` (the classifier stays new).
 

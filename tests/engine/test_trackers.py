@@ -153,3 +153,15 @@ def test_a_recorded_run_of_another_kind_of_logger_is_not_continued(tmp_path):
     assert not trackers.continue_run(logger, {"class": "MLFlowLogger", "run": "abc"})
     assert trackers.continue_run(logger, {"class": "TensorBoardLogger", "run": 4})
     assert logger.version == 4
+
+
+def test_a_tracker_folder_below_a_regular_file_is_refused_before_the_first_round(tmp_path):
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from fedlight.errors import ConfigError
+
+    (tmp_path / "file").write_text("not a folder")
+    logger = TensorBoardLogger(save_dir=str(tmp_path / "file" / "tb"))
+    with pytest.raises(ConfigError, match=r"TensorBoardLogger's save_dir=.*file/tb: .*file is a file, not a folder"):
+        _fit(tmp_path / "runs", logger, rounds=1)
+    assert not (tmp_path / "runs").exists(), "refused at set-up, before the run folder and the first round"

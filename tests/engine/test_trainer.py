@@ -634,3 +634,41 @@ def test_precision_applies_inside_the_vectorised_client_step_as_in_the_sequentia
     assert not isinstance(trainer.fits.vectorised, str)  # the round did run vectorised
     assert model.seen == (compute, torch.float32)  # autocast compute, fp32 stacked weights
     assert trainer.global_state.dtype == torch.float32
+
+
+@pytest.mark.parametrize("batchnorm", [True, False])
+def test_a_last_batch_of_one_sample_is_left_out_only_for_a_model_that_trains_batchnorm(tmp_path, batchnorm):
+    """BatchNorm cannot normalise one sample: a client of 5 samples at batch 4 would fail its second step and be
+    left out of the round. With BatchNorm, an epoch keeps its 4-sample batch only; without, both batches."""
+    from fedlight.testing import ClientImages
+
+    data = FederatedDataModule(ClientImages([5, 5], [0, 1]), batch_size=4, test_fraction=0.0)
+    kwargs = {"channels": (4, 4, 4, 4), "layers": (1, 1, 1, 1), "stem_width": 4, "mean": (0.0,), "std": (1.0,)}
+    model = "resnet18" if batchnorm else "mlp"
+    client = ClassificationClient(3, (1, 8, 8), model=model, model_kwargs=kwargs if batchnorm else None)
+    trainer = FederatedTrainer(
+        rounds=1, clients_per_round=2, local_epochs=1, logger=None, enable_progress_bar=False,
+        default_root_dir=tmp_path, fail_fast=True,
+    )  # fmt: skip
+    metrics = trainer.fit(client, data, FedAvg())
+    assert metrics["round/clients_failed"] == 0 and metrics["round/clients_aggregated"] == 2
+    assert [data.num_batches(k) for k in range(2)] == ([1, 1] if batchnorm else [2, 2])
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_uint8_images_for_a_network_that_cannot_take_them_are_refused_before_the_run_folder(tmp_path, model):
+    from fedlight.data.base import FederatedDataset, LabelledTensors
+
+    class Bytes(FederatedDataset):
+        num_classes, input_shape = 3, (1, 8, 8)
+
+        def load_train(self):
+            generator = torch.Generator().manual_seed(0)
+            images = torch.randint(0, 256, (12, 1, 8, 8), dtype=torch.uint8, generator=generator)
+            return LabelledTensors(images, torch.arange(12) % 3)
+
+    data = FederatedDataModule(Bytes(), PowerLaw(num_clients=2, classes_per_client=2, base_samples=2), batch_size=4)
+    trainer = FederatedTrainer(rounds=1, clients_per_round=2, logger=None, default_root_dir=tmp_path / "runs")
+    with pytest.raises(ConfigError, match=r"--data gives uint8 images \(Bytes\).*resnet18"):
+        trainer.fit(ClassificationClient(3, (1, 8, 8), model=model), data, FedAvg())
+    assert not (tmp_path / "runs").exists()
