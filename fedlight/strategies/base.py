@@ -69,7 +69,7 @@ containers of them, so checkpoints load with ``weights_only=True``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -85,6 +85,13 @@ if TYPE_CHECKING:
 
     from fedlight.client_state import Slot
     from fedlight.context import RunContext
+
+
+def traceable_loss(loss: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """Marks a rule's ``training_loss`` as one a compiled whole step differentiates correctly: it reads the
+    parameters through ``module`` at the call and keeps no tensors from it (:meth:`Strategy.loss_is_traceable`)."""
+    loss.traceable = True  # type: ignore[attr-defined]
+    return loss
 
 
 class Strategy:
@@ -185,6 +192,7 @@ class Strategy:
         """
         return batch
 
+    @traceable_loss
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Returns the loss to minimise; ``outputs`` is what ``module.training_step`` returned."""
         return outputs["loss"]
@@ -196,10 +204,12 @@ class Strategy:
         into ``module`` for the call: a loss that reads the parameters through ``module`` at the call (its
         forward pass, ``module.parameters()``) is differentiated as in the eager step, but one that uses
         parameter objects it kept from ``on_client_fit_start`` would see constants, and its term would add
-        nothing to the gradient. So only the default loss says yes; a rule that overrides ``training_loss``
-        says yes once its loss reads the parameters through ``module`` and keeps no tensors from the call.
+        nothing to the gradient. So the answer is the loss's own: the class whose ``training_loss`` is in use
+        marks it with :func:`traceable_loss` once it reads the parameters through ``module`` and keeps no
+        tensors from the call. A subclass that overrides ``training_loss`` is not traceable until its own loss
+        is marked, whatever its parent's says.
         """
-        return type(self).training_loss is Strategy.training_loss
+        return getattr(type(self).training_loss, "traceable", False)
 
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         """Called after local training, module in train mode; may fill ``update.payload``."""

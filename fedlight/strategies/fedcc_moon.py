@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from fedlight.errors import ConfigError
 from fedlight.state import FlatState
+from fedlight.strategies.base import traceable_loss
 from fedlight.strategies.fedcc import CentroidRule, FedCC
 from fedlight.teachers import Teachers
 
@@ -132,9 +133,7 @@ class FedCCMOON(FedCC):
         previous = self.previous.get(plan.client)
         self._previous = None if previous is None else self._copies.holding("previous", branch, self._layout, previous)
 
-    def loss_is_traceable(self) -> bool:
-        return True  # its terms read the module's outputs of the call and teachers that do not train
-
+    @traceable_loss
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, Tensor]) -> Tensor:
         averaged = self.previous_model == "averaged"
         if self.mu == 0 or not (self._previous is not None or averaged):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from fedlight.errors import ConfigError
+from fedlight.strategies.base import traceable_loss
 from fedlight.strategies.fedcc import CentroidRule, FedCC
 from fedlight.strategies.fedprox import proximal_term
 
@@ -62,15 +63,13 @@ class FedCCProx(FedCC):
     def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
         self._anchors = [p.detach().clone() for p in module.get_submodule(self.branch).parameters()]
 
+    @traceable_loss
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.mu == 0:
             return outputs["loss"]
         assert self._anchors, "FedCCProx.training_loss ran outside a local fit"
         params = list(module.get_submodule(self.branch).parameters())  # read at the call (see loss_is_traceable)
         return outputs["loss"] + 0.5 * self.mu * proximal_term(params, self._anchors)
-
-    def loss_is_traceable(self) -> bool:
-        return True
 
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         super().on_client_fit_end(context, module, update)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from fedlight.errors import ConfigError
+from fedlight.strategies.base import traceable_loss
 from fedlight.strategies.fedavg import FedAvg
 
 if TYPE_CHECKING:
@@ -79,9 +80,7 @@ class FedDecorr(FedAvg):
             ]
         return []
 
-    def loss_is_traceable(self) -> bool:
-        return True  # its terms read the module's outputs of the call and teachers that do not train
-
+    @traceable_loss
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         if "features" not in outputs:
             raise ConfigError(

@@ -26,7 +26,7 @@ import torch
 
 from fedlight.client_state import Slot
 from fedlight.errors import ConfigError
-from fedlight.strategies.base import Strategy
+from fedlight.strategies.base import Strategy, traceable_loss
 from fedlight.strategies.fedprox import proximal_term
 from fedlight.strategies.stateful_functional import (
     current_parameters,
@@ -87,15 +87,13 @@ class FedDyn(Strategy):
         anchors = [p.detach().clone() for p in params]
         self._fit = parameter_names(module, context.layout), negated, anchors, theta
 
+    @traceable_loss
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         assert self._fit is not None, "FedDyn.training_loss ran outside a local fit"
         names, negated, anchors, _ = self._fit
         params = current_parameters(module, names)
         regulariser = linear_term(params, negated) + 0.5 * self.alpha * proximal_term(params, anchors)
         return outputs["loss"] + regulariser
-
-    def loss_is_traceable(self) -> bool:
-        return True  # the parameters are read by name at the call
 
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         assert self._fit is not None, "FedDyn.on_client_fit_end ran outside a local fit"

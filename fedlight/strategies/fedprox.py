@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from fedlight.errors import ConfigError
+from fedlight.strategies.base import traceable_loss
 from fedlight.strategies.fedavg import FedAvg
 
 if TYPE_CHECKING:
@@ -106,15 +107,13 @@ class FedProx(FedAvg):
     def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
         self._anchors = [p.detach().clone() for p in module.parameters() if p.requires_grad]
 
+    @traceable_loss
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.mu == 0:
             return outputs["loss"]
         assert self._anchors, "FedProx.training_loss ran outside a local fit (on_client_fit_start was not called)"
         params = [p for p in module.parameters() if p.requires_grad]  # read at the call (see loss_is_traceable)
         return outputs["loss"] + 0.5 * self.mu * proximal_term(params, self._anchors)
-
-    def loss_is_traceable(self) -> bool:
-        return True
 
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         self._anchors = []

@@ -32,7 +32,7 @@ from torch import nn
 
 from fedlight.errors import ConfigError
 from fedlight.state import FlatState
-from fedlight.strategies.base import ClientPlan, ClientUpdate
+from fedlight.strategies.base import ClientPlan, ClientUpdate, traceable_loss
 from fedlight.strategies.fedavg import FedAvg
 from fedlight.teachers import Teachers
 
@@ -123,9 +123,7 @@ class MOON(FedAvg):
         previous = self.previous.get(plan.client)
         self._previous_net = None if previous is None else self._copies.holding("previous", net, self._layout, previous)
 
-    def loss_is_traceable(self) -> bool:
-        return True  # its terms read the module's outputs of the call and teachers that do not train
-
+    @traceable_loss
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.mu == 0 or self._previous_net is None:
             return outputs["loss"]  # no negative: MOON's logits would hold the positive pair alone, ℓ_con = 0

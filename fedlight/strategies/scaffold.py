@@ -26,7 +26,7 @@ import torch
 
 from fedlight.client_state import Slot
 from fedlight.errors import ConfigError
-from fedlight.strategies.base import Strategy
+from fedlight.strategies.base import Strategy, traceable_loss
 from fedlight.strategies.stateful_functional import (
     current_parameters,
     linear_term,
@@ -117,13 +117,11 @@ class SCAFFOLD(Strategy):
         _, views = parameter_views(module, context.layout, correction)
         self._fit = parameter_names(module, context.layout), views, x
 
+    @traceable_loss
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         assert self._fit is not None, "SCAFFOLD.training_loss ran outside a local fit"
         names, corrections, _ = self._fit
         return outputs["loss"] + linear_term(current_parameters(module, names), corrections)
-
-    def loss_is_traceable(self) -> bool:
-        return True  # the parameters are read by name at the call
 
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         assert self._fit is not None and self._lr is not None, "SCAFFOLD.on_client_fit_end ran outside a local fit"

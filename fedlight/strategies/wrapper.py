@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fedlight.strategies import robust_functional as R
-from fedlight.strategies.base import ClientPlan, ClientUpdate, StateChunks, Strategy
+from fedlight.strategies.base import ClientPlan, ClientUpdate, StateChunks, Strategy, traceable_loss
 
 if TYPE_CHECKING:
     from lightning import LightningModule
@@ -115,11 +115,12 @@ class RuleWrapper(Strategy):
     def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
         self.rule.on_client_fit_start(context, module, plan)
 
+    @traceable_loss
     def training_loss(self, module: LightningModule, batch: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.rule.training_loss(module, batch, outputs)
 
     def loss_is_traceable(self) -> bool:
-        return self.rule.loss_is_traceable()
+        return super().loss_is_traceable() and self.rule.loss_is_traceable()
 
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         self.rule.on_client_fit_end(context, module, update)
