@@ -55,3 +55,15 @@ class RunInterrupted(KeyboardInterrupt):
     def exit_code(self) -> int:
         """The shell's code for a process ended by the signal: 128 + its number."""
         return 128 + {"SIGINT": 2, "SIGTERM": 15}.get(self.signal_name, 2)
+
+
+def error_line(err: BaseException) -> str:
+    """``Type: message`` on one line, from the message's first non-empty line (the type alone for an empty one).
+
+    >>> error_line(RuntimeError("\\nshape mismatch\\nat layer 3"))
+    'RuntimeError: shape mismatch'
+    >>> error_line(AssertionError())
+    'AssertionError'
+    """
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__

@@ -23,6 +23,7 @@ from torchmetrics import Metric
 
 from fedlight.engine.config import EvaluationSettings
 from fedlight.engine.loggers import client_spread
+from fedlight.errors import error_line
 from fedlight.metrics.scalars import scalar_metrics
 
 if TYPE_CHECKING:
@@ -177,7 +178,7 @@ class Evaluator:
 
     def _culprit(self, batch: tuple, batch_idx: int, split: str, err: Exception) -> str:
         """What raised: for the clients' held-out splits, the first client of the batch whose samples raise alone."""
-        what = f"{type(err).__name__}: {err}".splitlines()[0]
+        what = error_line(err)
         if split != "clients":
             return f"Evaluating the global model on the global test set raised in batch {batch_idx} ({what})."
         module, precision = self.model.module, self.precision

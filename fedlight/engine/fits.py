@@ -22,7 +22,7 @@ from fedlight.engine.batched import BatchedLocalFit, batching_blocker, optimizer
 from fedlight.engine.guards import FailureGuards
 from fedlight.engine.launch import assign_clients
 from fedlight.engine.local_fit import LocalTraining, all_finite
-from fedlight.errors import ConfigError
+from fedlight.errors import ConfigError, error_line
 from fedlight.gather import ClientStates
 from fedlight.plans import ClientPlan, ClientUpdate
 
@@ -168,7 +168,7 @@ class RoundFits:
         except Exception as err:
             fits = [self._fit_alone(round_idx, plan) for plan in plans]
             if _vmap_refused(err) or all("error" not in update.payload for update, _ in fits):
-                reason = f"{type(err).__name__}: {err}".splitlines()[0]
+                reason = error_line(err)
                 self.vectorised = f"vectorising the network failed in round {round_idx + 1} ({reason})"
                 self.console.print(
                     f"fedlight: --trainer.client_batching: clients train one after another from now on, because "

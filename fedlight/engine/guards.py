@@ -20,7 +20,7 @@ import torch
 
 from fedlight import checkpoint as ckpt_io
 from fedlight.engine.config import GuardSettings
-from fedlight.errors import ConfigError
+from fedlight.errors import ConfigError, error_line
 from fedlight.plans import ClientPlan, ClientUpdate
 
 
@@ -46,7 +46,7 @@ class FailureGuards:
             (folder / f"round{round_idx + 1}_client{plan.client}.txt").write_text(text)
         update = ClientUpdate(plan.client, num_samples, plan.epochs, 0, math.nan)
         update.finite = False
-        update.payload["error"] = f"{type(err).__name__}: {err}".splitlines()[0]
+        update.payload["error"] = error_line(err)
         return update
 
     def check_round(self, round_idx: int, skipped: bool, failed: int, trained: int) -> None:

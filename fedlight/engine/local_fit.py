@@ -26,7 +26,7 @@ import torch
 from fedlight.clients.base import LocalFit
 from fedlight.engine.streams import RandomStreams, seed_torch
 from fedlight.engine.whole_step import WholeStep, allow_recompiles, whole_step_blocker
-from fedlight.errors import ConfigError
+from fedlight.errors import ConfigError, error_line
 from fedlight.plans import ClientPlan, ClientUpdate
 
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ class LocalTraining:
                     raise
                 # a loss no gradient transform can run (one that asks for a tensor's memory address, say) trains
                 # with the forward pass and loss compiled instead, from the same first batch
-                self._refuse_whole_step(f"compiling it failed ({type(err).__name__}: {err})".splitlines()[0])
+                self._refuse_whole_step(f"compiling it failed ({error_line(err)})")
                 batches = chain([first], batches)
         forward = (
             self.compiled_step(module, loss_fn) if compiled else partial(forward_and_loss, precision, module, loss_fn)

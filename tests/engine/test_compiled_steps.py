@@ -104,6 +104,18 @@ class AddressedLoss(FedAvg):
         return True  # it reads the parameters through the module only
 
 
+class UncompilableLossSaysWhyOnItsSecondLine(FedAvg):
+    """A loss that refuses to be compiled with an error whose message starts with an empty line."""
+
+    def training_loss(self, module, batch, outputs):
+        if torch._C._functorch.is_functorch_wrapped_tensor(outputs["loss"]):  # inside the gradient transform
+            raise RuntimeError("\n  no storage under the gradient transform")
+        return outputs["loss"]
+
+    def loss_is_traceable(self):
+        return True  # it reads the parameters through the module only
+
+
 class HeldParameters(FedAvg):
     """A rule whose loss uses the parameter objects it kept when the fit started, which the whole step refuses."""
 
@@ -129,3 +141,8 @@ def test_a_rule_that_keeps_parameter_objects_keeps_the_eager_backward_pass(capsy
     assert compiled.training._whole is None
     assert "HeldParameters's training_loss may use parameters it kept" in capsys.readouterr().out
     torch.testing.assert_close(compiled.global_state, eager.global_state, rtol=0, atol=FP64_ATOL)
+
+
+def test_the_console_gives_the_reason_compiling_failed_from_its_first_non_empty_line(capsys):
+    run("mlp", UncompilableLossSaysWhyOnItsSecondLine(), "64-true", True)
+    assert "compiling it failed (RuntimeError: no storage under the gradient transform)" in capsys.readouterr().out
