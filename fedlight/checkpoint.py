@@ -99,8 +99,9 @@ def _feed(digest: Any, value: Any) -> None:
 def save_atomic(state: dict[str, Any], path: str | Path) -> None:
     """Writes ``state`` with its checksum to ``path`` so that a crash leaves either the old file or the new one.
 
-    The file is written next to its destination (mode 0644 under the umask, as the run's other files),
-    flushed to disk, then renamed over it. The file it replaces stays as ``previous.ckpt`` beside it.
+    The file is written next to its destination, readable by its owner only (mode 0600: a checkpoint may hold a
+    secret, such as DP's noise seed, from which the noise could be regenerated), flushed to disk, then renamed
+    over it. The file it replaces stays as ``previous.ckpt`` beside it.
 
     Raises:
         ConfigError: when the disk is full; the checkpoints already on disk are left as they were.
@@ -130,7 +131,7 @@ def save_atomic(state: dict[str, Any], path: str | Path) -> None:
 
 
 def _write(path: Path, data: memoryview) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # 0644 under the usual umask
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # the owner's alone, from its first byte
     with os.fdopen(fd, "wb") as f:
         f.write(data)
         f.flush()

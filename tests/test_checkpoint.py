@@ -153,16 +153,26 @@ def test_a_checkpoint_written_before_checksums_still_loads(tmp_path):
     assert resumed.round == 5
 
 
-@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600)])
-def test_checkpoints_get_the_mode_of_the_other_run_files(tmp_path, umask, mode):
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_checkpoints_and_their_temporary_files_are_the_owners_alone(tmp_path, monkeypatch, umask):
+    """A checkpoint may hold DP's noise secret: no other user may read it, from its first byte on disk."""
+    modes = []
+    replace = os.replace
+
+    def recording(src, dst):
+        modes.append(stat.S_IMODE(os.stat(src).st_mode))
+        replace(src, dst)
+
+    monkeypatch.setattr(ckpt_io.os, "replace", recording)
     old = os.umask(umask)
     try:
-        ckpt_io.save_atomic({"format": ckpt_io.FORMAT, "round": 1}, tmp_path / "last.ckpt")
-        (tmp_path / "metrics.csv").write_text("round\n")
+        for round_idx in (1, 2):  # the second write keeps the first as previous.ckpt
+            ckpt_io.save_atomic({"format": ckpt_io.FORMAT, "round": round_idx}, tmp_path / "last.ckpt")
     finally:
         os.umask(old)
-    assert stat.S_IMODE((tmp_path / "last.ckpt").stat().st_mode) == mode
-    assert stat.S_IMODE((tmp_path / "metrics.csv").stat().st_mode) == mode
+    assert modes and set(modes) == {0o600}
+    for name in ("last.ckpt", "previous.ckpt"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600
 
 
 def test_a_full_disk_is_one_message_and_the_checkpoint_before_survives(tmp_path, monkeypatch):
