@@ -21,8 +21,10 @@ one buffer of ``budget_bytes``, reused as states come and go (its pages become r
 written): states allocated and freed one by one would let the allocator's free lists grow the process's
 resident memory to several times the budget. An index
 ``{client: version}``, the same on every process, names each client's current file; it is all a checkpoint
-holds of the store, so a resumed run reads the very states its checkpoint names, and files that neither the
-index nor the last two checkpoints name are deleted when a checkpoint is written.
+holds of the store, with each named file's size and digest, so a resumed run reads the very states its checkpoint
+names: a file that is missing, truncated, changed or copied in from another run is refused, naming it, and never
+trained on. Files that neither the index nor the last two checkpoints name are deleted when a checkpoint is
+written.
 
 **Processes.** Every process reads and writes the same folder, so a client's state goes with the client to
 whichever process trains it in a round; every process updates its index from the round's gathered updates.
@@ -31,6 +33,8 @@ The run folder must therefore be on a file system every process sees (as resumin
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import re
 import uuid
@@ -38,9 +42,11 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+
+from fedlight.errors import ConfigError
 
 _FILE = re.compile(r"(\d+)-(\d+)\.pt")
 
@@ -98,9 +104,10 @@ class ClientStateStore:
         slots: the rule's slots, by name.
         directory: where the states are written (``<run_dir>/client_state``).
         budget_bytes: the most memory the states kept in memory may take; 0 keeps none.
+        num_clients: the clients of the population: at most two states each (current, just written) are kept.
 
     >>> import tempfile
-    >>> store = ClientStateStore({"c": Slot.vector(2)}, Path(tempfile.mkdtemp()), budget_bytes=8)
+    >>> store = ClientStateStore({"c": Slot.vector(2)}, Path(tempfile.mkdtemp()), budget_bytes=8, num_clients=3)
     >>> values = store.values(5, torch.zeros(4))  # client 5 has not trained: zeros
     >>> values["c"] += 1.0
     >>> store.put(5, 1, values)
@@ -109,7 +116,7 @@ class ClientStateStore:
     ([1.0, 1.0], {5: 1})
     """
 
-    def __init__(self, slots: Mapping[str, Slot], directory: Path, budget_bytes: int) -> None:
+    def __init__(self, slots: Mapping[str, Slot], directory: Path, budget_bytes: int, num_clients: int) -> None:
         self.slots = dict(slots)
         self.directory = Path(directory)
         self.budget_bytes = int(budget_bytes)
@@ -124,12 +131,16 @@ class ClientStateStore:
         for name, slot in self.slots.items():
             self._offsets[name] = (offset, slot.numel)
             offset += slot.numel
-        self._capacity = self.budget_bytes // max(4 * offset, 1)  # states the buffer holds
+        # states the buffer holds: the budget's worth, but never more rows than the clients can fill (a current
+        # state and the one a fit has just written, each)
+        self._capacity = min(self.budget_bytes // max(4 * offset, 1), 2 * num_clients)
         self._buffer: torch.Tensor | None = None  # [capacity, Σ numel] fp32, made at the first state kept
         self._rows: OrderedDict[tuple[int, int], int] = OrderedDict()  # (client, version) → row, oldest first
         self._free: list[int] = []  # rows given back
         self._used = 0  # rows handed out so far (those above were never written: not resident)
         self._saved: list[dict[int, int]] = []  # the indices of the last two checkpoints
+        #: (client, version) → (bytes, BLAKE2b digest) of the files this process wrote or a checkpoint recorded
+        self._digests: dict[tuple[int, int], tuple[int, str]] = {}
 
     @property
     def client_nbytes(self) -> int:
@@ -146,9 +157,29 @@ class ClientStateStore:
             self._rows.move_to_end(key)
             row = self._buffer[self._rows[key]]
             return {name: row[offset : offset + numel].clone() for name, (offset, numel) in self._offsets.items()}
-        values = torch.load(self._path(client, version), map_location="cpu", weights_only=True)
+        values = torch.load(io.BytesIO(self._read(key)), map_location="cpu", weights_only=True)
         self._remember(key, values)
         return values
+
+    def _read(self, key: tuple[int, int]) -> bytes:
+        """A state file's bytes, checked against the size and digest recorded for it (where one was)."""
+        path = self._path(*key)
+        recorded = self._digests.get(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            data = None
+        if data is not None and (recorded is None or recorded == _digest(data)):
+            return data
+        found = "is missing" if data is None else f"holds {len(data)} bytes that are not the ones the run wrote"
+        expected = f" ({recorded[0]} bytes, digest {recorded[1][:12]}…)" if recorded is not None else ""
+        raise ConfigError(
+            f"The state of client {key[0]} after round {key[1]}, {path}, {found}{expected}: the run folder's "
+            "client_state/ was changed after the run wrote it (a file deleted, truncated, damaged or copied in from "
+            "another run).",
+            "Restore that file from a copy of the run folder, or resume from the checkpoint that was written with "
+            "it; a client is never trained from a state other than its own.",
+        )
 
     def values(self, client: int, start: torch.Tensor) -> dict[str, torch.Tensor]:
         """A copy of client ``client``'s slots on ``start``'s device, for a fit that starts from ``start``."""
@@ -182,8 +213,11 @@ class ClientStateStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self._path(client, version)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-        torch.save(cpu, tmp)
+        buffer = io.BytesIO()
+        torch.save(cpu, buffer)
+        tmp.write_bytes(buffer.getbuffer())
         os.replace(tmp, path)  # whole or absent, whatever stops the run
+        self._digests[client, version] = _digest(buffer.getbuffer())
         self._remember((client, version), cpu)
 
     def commit(self, clients: Iterable[int], version: int) -> None:
@@ -198,17 +232,27 @@ class ClientStateStore:
         named = {item for index in (self.index, *self._saved) for item in index.items()}
         if not self.directory.is_dir():
             return
+        self._digests = {key: value for key, value in self._digests.items() if key in named}
         for path in self.directory.iterdir():
             match = _FILE.fullmatch(path.name)
             if match is not None and (int(match[1]), int(match[2])) not in named:
                 path.unlink(missing_ok=True)
 
-    def state_dict(self) -> dict[str, dict[int, int]]:
-        """What a checkpoint keeps: the index (the states themselves are the files it names)."""
-        return {"index": dict(self.index)}
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the index, and the size and digest of each file it names (the states themselves
+        are the files). A file another process wrote is read here once to take its digest."""
+        files = {}
+        for key in self.index.items():
+            if key not in self._digests:
+                self._digests[key] = _digest(self._read(key))
+            files[f"{key[0]}-{key[1]}"] = list(self._digests[key])
+        return {"index": dict(self.index), "files": files}
 
-    def load_state_dict(self, state: Mapping[str, Mapping[int, int]]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.index = {int(client): int(version) for client, version in state["index"].items()}
+        for name, (size, digest) in state.get("files", {}).items():  # checkpoints before digests hold none
+            client, version = name.split("-")
+            self._digests[int(client), int(version)] = (int(size), str(digest))
         self._saved = [dict(self.index)]  # the checkpoint it came from
         self._free += self._rows.values()
         self._rows.clear()
@@ -238,3 +282,8 @@ class ClientStateStore:
             self._buffer[row, offset : offset + numel] = values[name]
         self.cache_nbytes = len(self._rows) * self._buffer.shape[1] * 4
         self.peak_cache_nbytes = max(self.peak_cache_nbytes, self.cache_nbytes)
+
+
+def _digest(data: bytes | memoryview) -> tuple[int, str]:
+    """A state file's size and BLAKE2b digest."""
+    return len(data), hashlib.blake2b(data, digest_size=16).hexdigest()

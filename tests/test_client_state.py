@@ -1,15 +1,20 @@
 """The per-client store: slots start from their init, local slots go into and out of a flat state, memory stays
 within its budget while every state stays readable from its file, and only committed states count."""
 
+import re
+
+import pytest
 import torch
 
 from fedlight.client_state import ClientStateStore, Slot
+from fedlight.errors import ConfigError
 
 MASK = torch.tensor([False, True, True, False])  # a local slot of entries 1 and 2 of a 4-entry state
 
 
-def store(tmp_path, budget_bytes=1 << 20):
-    return ClientStateStore({"head": Slot.local(MASK), "c": Slot.vector(3)}, tmp_path / "client_state", budget_bytes)
+def store(tmp_path, budget_bytes=1 << 20, num_clients=100):
+    slots = {"head": Slot.local(MASK), "c": Slot.vector(3)}
+    return ClientStateStore(slots, tmp_path / "client_state", budget_bytes, num_clients)
 
 
 def test_a_new_client_starts_from_what_it_receives_and_zeros(tmp_path):
@@ -85,3 +90,58 @@ def test_files_are_deleted_once_no_checkpoint_names_them(tmp_path):
     s.commit([0], 6)
     s.saved()
     assert files() == ["0-4.pt", "0-6.pt"]
+
+
+def test_the_buffer_holds_no_more_states_than_there_are_clients(tmp_path):
+    """A budget far above what the clients can fill allocates one row per client, not the budget."""
+    huge = store(tmp_path, budget_bytes=10**18, num_clients=3)
+    for client in range(3):
+        huge.put(client, 1, {"head": torch.full((2,), float(client)), "c": torch.zeros(3)})
+    huge.commit(range(3), 1)
+    assert huge._buffer.shape[0] == 6  # a current and a just-written state per client
+    assert huge.get(2)["head"].tolist() == [2.0, 2.0]
+
+
+def _resumed(tmp_path, written):
+    """A store of a resumed run: what the checkpoint recorded of ``written``, over the same folder."""
+    resumed = store(tmp_path)
+    resumed.load_state_dict(written.state_dict())
+    return resumed
+
+
+def _written(tmp_path, clients=(0, 1)):
+    first = store(tmp_path)
+    for client in clients:
+        first.put(client, 1, {"head": torch.full((2,), float(client)), "c": torch.ones(3)})
+    first.commit(clients, 1)
+    return first
+
+
+@pytest.mark.parametrize("fault", ["missing", "truncated", "flipped", "another run's"])
+def test_a_state_file_that_is_not_the_one_the_checkpoint_recorded_is_refused_by_name(tmp_path, fault):
+    first = _written(tmp_path)
+    resumed = _resumed(tmp_path, first)
+    path = tmp_path / "client_state" / "1-1.pt"
+    data = path.read_bytes()
+    if fault == "missing":
+        path.unlink()
+    elif fault == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif fault == "flipped":
+        path.write_bytes(data[:-9] + bytes([data[-9] ^ 0xFF]) + data[-8:])
+    else:  # the same client's state of another run, a valid file of the same size
+        other = store(tmp_path / "other")
+        other.put(1, 1, {"head": torch.full((2,), 7.0), "c": torch.ones(3)})
+        path.write_bytes((tmp_path / "other" / "client_state" / "1-1.pt").read_bytes())
+    with pytest.raises(ConfigError, match=rf"client 1 after round 1, {re.escape(str(path))}"):
+        resumed.get(1)
+    assert resumed.get(0)["head"].tolist() == [0.0, 0.0]  # the intact file is read as ever
+
+
+def test_the_digests_a_checkpoint_records_are_those_of_the_files(tmp_path):
+    import hashlib
+
+    state = _written(tmp_path).state_dict()
+    data = (tmp_path / "client_state" / "0-1.pt").read_bytes()
+    assert state["files"]["0-1"] == [len(data), hashlib.blake2b(data, digest_size=16).hexdigest()]
+    assert _resumed(tmp_path, _written(tmp_path)).get(1)["head"].tolist() == [1.0, 1.0]

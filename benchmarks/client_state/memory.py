@@ -53,7 +53,9 @@ def one(numel: int, clients: int, per_round: int, passes: int, budget_mb: float,
     from fedlight.client_state import ClientStateStore, Slot
 
     torch.set_num_threads(1)
-    store = ClientStateStore({"control": Slot.vector(numel)}, Path(root) / "client_state", int(budget_mb * 2**20))
+    store = ClientStateStore(
+        {"control": Slot.vector(numel)}, Path(root) / "client_state", int(budget_mb * 2**20), clients
+    )
     start = torch.zeros(numel)
     store.values(0, start)  # one state in hand, as during a fit
     Path("/proc/self/clear_refs").write_text("5")  # the peak resident memory restarts from the current one

@@ -8,6 +8,7 @@ is reported, together with the others, before anything is built.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -211,6 +212,12 @@ class GuardSettings:
                 f"Expected --trainer.client_state_budget_mb ≥ 0 (MiB of the clients' own states kept in memory), got "
                 f"{self.client_state_budget_mb}; 0 reads every state from its file in the run folder."
             )
+        elif self.client_state_budget_mb * 2**20 > _physical_memory():
+            problems.append(
+                f"--trainer.client_state_budget_mb={self.client_state_budget_mb:g} is more than this machine's memory "
+                f"({_physical_memory() / 2**20:.0f} MiB): the states could not be kept. Give at most what the run "
+                "can spare; states beyond the budget are read from their files."
+            )
         if self.max_update_ratio is not None and not self.max_update_ratio > 0:
             problems.append(
                 f"Expected --trainer.max_update_ratio > 0 (or null to accept any update), got {self.max_update_ratio}."
@@ -254,3 +261,11 @@ class TrainerSettings:
         """Every bad value of every group, in the order of the groups."""
         groups = (self.loop, self.evaluation, self.processes, self.batching, self.guards)
         return [problem for group in groups for problem in group.problems()]
+
+
+def _physical_memory() -> float:
+    """Bytes of physical memory (infinite where the system does not say)."""
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return float("inf")

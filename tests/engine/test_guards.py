@@ -97,3 +97,14 @@ def test_two_processes_gather_the_failures_and_agree_with_one(tmp_path):
         p.name for p in (one.run_dir / "client_errors").iterdir()
     )
     assert len(list((two.run_dir / "client_errors").iterdir())) == 2
+
+
+def test_a_client_state_budget_beyond_the_machines_memory_is_refused_at_set_up():
+    from fedlight.engine.config import GuardSettings
+
+    problems = GuardSettings(None, False, 1024.0, client_state_budget_mb=1e12).problems()
+    assert (
+        len(problems) == 1
+        and "--trainer.client_state_budget_mb=1e+12 is more than this machine's memory" in problems[0]
+    )
+    assert GuardSettings(None, False, 1024.0, client_state_budget_mb=64.0).problems() == []
