@@ -99,6 +99,7 @@ SIZES = {
             "model.init_args.model_kwargs.channels": [8, 16, 32, 64],
             "model.init_args.model_kwargs.layers": [1, 1, 1, 1],
             "model.init_args.model_kwargs.stem_width": 8,
+            "model.init_args.model_kwargs.pretrained": False,  # a narrow ResNet has no ImageNet weights
         },
     },
     "medium": {
@@ -113,6 +114,7 @@ SIZES = {
             "model.init_args.model_kwargs.channels": [16, 32, 64, 128],
             "model.init_args.model_kwargs.layers": [1, 1, 1, 1],
             "model.init_args.model_kwargs.stem_width": 16,
+            "model.init_args.model_kwargs.pretrained": False,  # a narrow ResNet has no ImageNet weights
         },
     },
 }

@@ -33,6 +33,7 @@ data.batch_size: 16
 model.init_args.model_kwargs.channels: [4, 8, 8, 8]
 model.init_args.model_kwargs.layers: [1, 1, 1, 1]
 model.init_args.model_kwargs.stem_width: 4
+model.init_args.model_kwargs.pretrained: false
 """
 
 
