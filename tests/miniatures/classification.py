@@ -492,7 +492,7 @@ MINIATURES: list[Miniature] = [
         write_emnist,
         (
             "--data.dataset.init_args.images_per_class=12",
-            "--data.partitioner.init_args.num_clients=4",
+            "--data.partitioner.init_args.num_clients=5",
             # σ = 0 gives every user e^4 + 5 ≈ 60 samples, 11 of each of its 5 letters: within 12 per letter
             "--data.partitioner.init_args.sigma=0.0",
         ),

@@ -1,9 +1,10 @@
 """A mirror of the pretrained weights the paper rows name, written where a user without network copies them.
 
-Each file holds a freshly initialised network's values in the real architecture's tensor names and shapes, so that fedlight's real loading
-code reads it by the row's own name: timm's tags and segmentation-models-pytorch's ImageNet encoders from a
-Hugging Face hub cache (``models--<org>--<name>/refs/main`` naming a snapshot), and LADD's released-code file
-(d-li14's MobileNet-V2, torchvision's tensor names) at the relative path its configs give.
+Each file holds a freshly initialised network's values in the real architecture's tensor names and shapes, so
+that fedlight's real loading code reads it by the row's own name: timm's tags and segmentation-models-pytorch's
+ImageNet encoders from a Hugging Face hub cache (``models--<org>--<name>/refs/main`` naming a snapshot), and
+LADD's released-code file (d-li14's MobileNet-V2, torchvision's tensor names) at the relative path its configs
+give.
 """
 
 from __future__ import annotations
