@@ -253,6 +253,18 @@ class ClientStateStore:
         for name, (size, digest) in state.get("files", {}).items():  # checkpoints before digests hold none
             client, version = name.split("-")
             self._digests[int(client), int(version)] = (int(size), str(digest))
+        missing = [self._path(*key) for key in self.index.items() if not self._path(*key).is_file()]
+        if missing:
+            listed = ", ".join(str(path) for path in missing[:3]) + (
+                f" and {len(missing) - 3} more" if missing[3:] else ""
+            )
+            raise ConfigError(
+                f"The checkpoint names {len(missing)} client states that are not in {self.directory}: {listed}. The "
+                "run keeps the states its last two checkpoints name and deletes older ones, so a checkpoint copied "
+                "aside and resumed later names states that are gone.",
+                "Resume from the run's own checkpoints/last.ckpt (or previous.ckpt), or copy the run folder's "
+                "client_state/ aside together with the checkpoint; no client is trained from another state.",
+            )
         self._saved = [dict(self.index)]  # the checkpoint it came from
         self._free += self._rows.values()
         self._rows.clear()

@@ -117,15 +117,22 @@ def _written(tmp_path, clients=(0, 1)):
     return first
 
 
-@pytest.mark.parametrize("fault", ["missing", "truncated", "flipped", "another run's"])
+def test_a_resume_whose_states_are_gone_is_refused_at_set_up_naming_them(tmp_path):
+    """A checkpoint copied aside and resumed after the run deleted the states it names (it keeps those of its last
+    two checkpoints) is refused when it is loaded, before any client trains."""
+    first = _written(tmp_path)
+    (tmp_path / "client_state" / "1-1.pt").unlink()
+    with pytest.raises(ConfigError, match=r"names 1 client states that are not in .*client_state: .*1-1\.pt"):
+        _resumed(tmp_path, first)
+
+
+@pytest.mark.parametrize("fault", ["truncated", "flipped", "another run's"])
 def test_a_state_file_that_is_not_the_one_the_checkpoint_recorded_is_refused_by_name(tmp_path, fault):
     first = _written(tmp_path)
     resumed = _resumed(tmp_path, first)
     path = tmp_path / "client_state" / "1-1.pt"
     data = path.read_bytes()
-    if fault == "missing":
-        path.unlink()
-    elif fault == "truncated":
+    if fault == "truncated":
         path.write_bytes(data[: len(data) // 2])
     elif fault == "flipped":
         path.write_bytes(data[:-9] + bytes([data[-9] ^ 0xFF]) + data[-8:])
