@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from fedlight.errors import ConfigError, RunInterrupted
+from fedlight.errors import ConfigError, RunInterrupted, error_line
 
 DESCRIPTION = (
     "Run a sweep file of conf/sweeps/ (grid, random or bayes) locally on an Optuna database, without a W&B server; "
@@ -64,7 +64,14 @@ class SweepFile:
         """Reads and checks ``path``; every problem is reported together."""
         if not path.is_file():
             raise ConfigError(f"The sweep file {path} does not exist.")
-        content = yaml.safe_load(path.read_text())
+        try:
+            content = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise ConfigError(
+                f"The sweep file {path} is not valid YAML{where}: {getattr(err, 'problem', None) or err}."
+            ) from None
         if not isinstance(content, dict):
             raise ConfigError(f"The sweep file {path} is not a W&B sweep (method, metric, parameters, command).")
         problems = []
@@ -72,19 +79,44 @@ class SweepFile:
         if method not in METHODS:
             problems.append(f"{path}: method is {method!r}; the local runner takes one of {', '.join(METHODS)}.")
         metric = content.get("metric") or {}
+        if not isinstance(metric, dict):
+            problems.append(
+                f"{path}: metric is {metric!r}; give a mapping, e.g. metric: {{name: test/acc, goal: maximize}}."
+            )
+            metric = {"name": "?"}
         if not metric.get("name"):
             problems.append(f"{path}: metric.name is missing; name the logged value to optimise (e.g. test/acc).")
         goal = metric.get("goal", "minimize")
         if goal not in ("maximize", "minimize"):
             problems.append(f"{path}: metric.goal is {goal!r}; use maximize or minimize.")
         swept, fixed = {}, {}
-        for key, spec in (content.get("parameters") or {}).items():
+        parameters = content.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            problems.append(
+                f"{path}: parameters is a {type(parameters).__name__}; give a mapping of each flag to its values."
+            )
+            parameters = {}
+        for key, spec in parameters.items():
             if not isinstance(spec, dict):
                 problems.append(f"{path}: parameters.{key} must be a mapping (values, value, or min and max).")
             elif "value" in spec:
                 fixed[key] = spec["value"]
             elif "values" in spec and "probabilities" not in spec:
+                if not isinstance(spec["values"], list) or not spec["values"]:
+                    problems.append(
+                        f"{path}: parameters.{key}.values is {spec['values']!r}; give a non-empty list "
+                        f"(values: [{spec['values']!r}]), or value: for a fixed one."
+                    )
+                    continue
                 swept[key] = {"values": list(spec["values"])}
+            elif {"min", "max"} <= spec.keys() and not all(
+                isinstance(spec[k], int | float) and not isinstance(spec[k], bool) for k in ("min", "max")
+            ):
+                problems.append(
+                    f"{path}: parameters.{key} needs numbers for min and max, got {spec['min']!r}, {spec['max']!r}."
+                )
+            elif {"min", "max"} <= spec.keys() and spec["min"] > spec["max"]:
+                problems.append(f"{path}: parameters.{key} has min {spec['min']} > max {spec['max']}; swap them.")
             elif {"min", "max"} <= spec.keys() and method != "grid":
                 distribution = spec.get("distribution") or (
                     "int_uniform" if all(isinstance(spec[k], int) for k in ("min", "max")) else "uniform"
@@ -247,14 +279,30 @@ class Sweep:
         except RunInterrupted:
             trial.set_user_attr("interrupted", True)
             raise
+        except SystemExit as stop:  # the command refused the trial's flags (a usage error): the trial failed
+            raise self.failed(trial, ConfigError(f"fedlight refused the trial's flags (exit {stop.code}).")) from None
+        except Exception as err:
+            raise self.failed(trial, err) from None
         value = metrics.get(self.file.metric)
         if value is None or not math.isfinite(value):
             known = ", ".join(sorted(metrics)) or "none"
-            raise ConfigError(
-                f"The run {name} logged no finite {self.file.metric} (the sweep's metric.name) in its last round; "
-                f"it logged: {known}."
+            trial.set_user_attr("no_metric", True)
+            raise self.failed(
+                trial,
+                ConfigError(
+                    f"the run {name} logged no finite {self.file.metric} (the sweep's metric.name) in its last "
+                    f"round; it logged: {known}."
+                ),
             )
         return float(value)
+
+    @staticmethod
+    def failed(trial: Any, err: Exception) -> Exception:
+        """Records why ``trial`` failed, on one line, for the table and the console; returns ``err`` to raise."""
+        reason = error_line(err).removeprefix("ConfigError: ")
+        trial.set_user_attr("error", reason)
+        print(f"fedlight sweep: trial {trial.number} failed: {reason}", file=sys.stderr)
+        return err
 
     def taken_earlier(self, number: int, values: dict[str, Any]) -> bool:
         """Whether an earlier trial with the same values is complete, running or queued."""
@@ -298,7 +346,8 @@ def open_study(file: SweepFile, storage: str, name: str, heartbeat: int, seed: i
         ) from error
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # ERROR: a failed trial's reason is printed on one line by the sweep, not as Optuna's warning with a traceback
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     if heartbeat < 1:
         raise ConfigError(f"Expected --heartbeat ≥ 1 second, got {heartbeat}.")
@@ -354,6 +403,12 @@ def work(sweep: Sweep, budget: int, heartbeat: int) -> None:
                     if trial.state == TrialState.FAIL and trial.user_attrs.get("interrupted"):
                         requeue(study, trial)
                 raise
+            if any(t.state == TrialState.FAIL and t.user_attrs.get("no_metric") for t in counted(study.get_trials())):
+                # every other trial would spend its compute on a run that cannot be ranked
+                raise ConfigError(
+                    f"A trial logged no {sweep.file.metric} (the sweep's metric.name), so no trial can be ranked: "
+                    "the sweep stops. Name a value the runs log (their metrics.csv columns, e.g. test/acc)."
+                )
         elif TrialState.RUNNING in states:  # in another process, or in one that was killed (then it goes stale)
             time.sleep(heartbeat)
         else:
@@ -370,7 +425,7 @@ def summary(sweep: Sweep) -> str:
     )
     others = [t for t in trials if t.state != TrialState.COMPLETE]
     keys = list(sweep.file.swept)
-    header = ["trial", "state", sweep.file.metric, *keys, "run"]
+    header = ["trial", "state", sweep.file.metric, *keys, "run", "why it failed"]
     lines = [
         f"Sweep {sweep.study.study_name} ({sweep.file.method}, {sweep.file.metric} to "
         f"{'maximize' if sweep.file.maximize else 'minimize'}): {len(complete)} of {len(trials)} trials complete.",
@@ -381,7 +436,8 @@ def summary(sweep: Sweep) -> str:
     for t in [*complete, *others]:
         value = f"{t.value:.4g}" if t.value is not None else "–"
         cells = [str(t.number), t.state.name.lower(), value, *(str(t.params.get(k, "–")) for k in keys)]
-        lines.append("| " + " | ".join([*cells, t.user_attrs.get("run", "–")]) + " |")
+        reason = t.user_attrs.get("error", "–") if t.state == TrialState.FAIL else "–"
+        lines.append("| " + " | ".join([*cells, t.user_attrs.get("run", "–"), reason.replace("|", "/")]) + " |")
     return "\n".join(lines)
 
 
@@ -415,3 +471,11 @@ def main(argv: list[str]) -> None:
         work(sweep, budget, options.heartbeat)
     finally:
         print(summary(sweep))
+    from optuna.trial import TrialState
+
+    failed = [t for t in counted(study.get_trials(deepcopy=False)) if t.state == TrialState.FAIL]
+    if failed:
+        raise ConfigError(
+            f"{len(failed)} trial(s) of the sweep failed (the table gives each reason); fix the cause and run the "
+            "same command with --retry_failed to run them again."
+        )

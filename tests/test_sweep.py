@@ -184,3 +184,60 @@ def test_a_sweep_stopped_before_it_ends_is_not_a_new_sweep(tmp_path, monkeypatch
     main(["sweep", str(path), f"--root={root}", *TINY])  # nothing left: the table only
     assert time.time() - started < 30
     assert len(_trials(f"sqlite:///{root / 'tiny' / 'sweep.db'}", "tiny")) == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("method: grid\nmetric: a: b\n", "is not valid YAML at line 2, column 10"),
+        ("method: grid\nmetric: test/acc\nparameters: {a: {values: [1]}}\n", "metric is 'test/acc'; give a mapping"),
+        (
+            "method: grid\nmetric: {name: test/acc}\nparameters: {a: {values: 0.01}}\n",
+            "values is 0.01; give a non-empty",
+        ),
+        ("method: grid\nmetric: {name: test/acc}\nparameters: {a: {values: []}}\n", "values is []; give a non-empty"),
+        ("method: grid\nmetric: {name: test/acc}\nparameters: [a, b]\n", "parameters is a list; give a mapping"),
+        ("method: random\nmetric: {name: test/acc}\nparameters: {a: {min: 1, max: 0.1}}\n", "min 1 > max 0.1"),
+    ],
+    ids=["yaml", "metric-text", "values-scalar", "values-empty", "parameters-list", "min-above-max"],
+)
+def test_a_malformed_sweep_file_is_one_message_naming_it(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        SweepFile.read(path)
+    assert message in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_metric_no_run_logs_stops_the_sweep_after_its_first_trial(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("optuna", reason="sweeps need the optional extra fedlight[sweep]")
+    from fedlight.cli import main
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    path = _sweep_file(tmp_path)
+    path.write_text(path.read_text().replace("name: test/acc", "name: test/accuracy"))
+    root = tmp_path / "runs"
+    with pytest.raises(SystemExit) as info:
+        main(["sweep", str(path), f"--root={root}", *TINY])
+    assert info.value.code == 2
+    trials = _trials(f"sqlite:///{root / 'tiny' / 'sweep.db'}", "tiny")
+    assert [t.state.name for t in trials] == ["FAIL"], "one trial's compute, not the grid's four"
+    captured = capsys.readouterr()
+    assert "logged no finite test/accuracy" in captured.out  # the table's reason column
+    assert "A trial logged no test/accuracy" in captured.err and "Traceback" not in captured.err
+
+
+def test_a_flag_the_command_refuses_fails_its_trial_and_the_sweep_exits_non_zero(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("optuna", reason="sweeps need the optional extra fedlight[sweep]")
+    from fedlight.cli import main
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    path = _sweep_file(tmp_path, parameters={"trainer.no_such_option": {"values": [1]}})
+    root = tmp_path / "runs"
+    with pytest.raises(SystemExit) as info:
+        main(["sweep", str(path), f"--root={root}", *TINY])
+    assert info.value.code == 2
+    trials = _trials(f"sqlite:///{root / 'tiny' / 'sweep.db'}", "tiny")
+    assert [t.state.name for t in trials] == ["FAIL"], "not left RUNNING in the database"
+    captured = capsys.readouterr()
+    assert "fedlight refused the trial's flags" in captured.out and "1 trial(s) of the sweep failed" in captured.err
