@@ -21,6 +21,7 @@ import contextlib
 import difflib
 import posixpath
 import re
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -37,6 +38,22 @@ def download_failed(name: str, urls: Sequence[str], folder: str | Path, error: B
         f"Without network, download {' or '.join(urls)} on a machine that has it, copy or extract the files into "
         f"{folder}/ and run again (with --data.dataset.init_args.download=false, nothing is fetched).",
     )
+
+
+#: seconds a download waits for a source to answer (connecting, or between two reads) before it gives up
+TIMEOUT_S = 60.0
+
+
+@contextlib.contextmanager
+def network_timeout() -> Iterator[None]:
+    """Gives the sockets opened inside it a timeout of :data:`TIMEOUT_S`: a source that takes the connection and
+    never answers fails like any other download (torchvision's and urllib's requests have none of their own)."""
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(TIMEOUT_S)
+    try:
+        yield
+    finally:
+        socket.setdefaulttimeout(previous)
 
 
 @contextlib.contextmanager
@@ -84,7 +101,8 @@ def fetch_archive(
         if done is not None and done():
             return
         try:
-            download_and_extract_archive(url, download_root=str(download_root), extract_root=extract_root, md5=md5)
+            with network_timeout():
+                download_and_extract_archive(url, str(download_root), extract_root=extract_root, md5=md5)
         except (OSError, RuntimeError, ValueError) as error:  # URLError is an OSError; a bad checksum a RuntimeError
             raise download_failed(name, [url], extract_root or download_root, error) from error
 
@@ -112,7 +130,7 @@ def through_torchvision(
         expected: the files the dataset needs; those absent are named in the message, one per line.
     """
     try:
-        with download_lock(folder) if download else contextlib.nullcontext():
+        with download_lock(folder) if download else contextlib.nullcontext(), network_timeout():
             return read()  # torchvision checks the files first and downloads only what is missing
     except (OSError, RuntimeError) as error:
         absent = missing_files(expected)

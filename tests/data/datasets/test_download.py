@@ -283,3 +283,30 @@ def test_pascal_voc_downloads_voc_and_builds_train_aug_from_sbd(tmp_path, server
     assert masks[0, 5:15, 5:20].eq(15).all() and masks[2, 1, 2:9].eq(255).all()
     with pytest.raises(ConfigError, match=r"set root to .*/VOCdevkit"):
         PascalVOC(root=str(tmp_path / "voc"), download=True)
+
+
+@pytest.fixture
+def silent_source(monkeypatch):
+    """A loopback URL that takes the connection and never answers, with the download timeout at 1 s."""
+    import socket
+
+    from fedlight.data.datasets import download
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # connections complete in the backlog; nothing is ever read or sent
+    monkeypatch.setattr(download, "TIMEOUT_S", 1.0)
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}/"
+    listener.close()
+
+
+def test_a_source_that_never_answers_fails_after_the_timeout_like_any_download(tmp_path, silent_source, monkeypatch):
+    from fedlight.data.datasets import cinic10 as cinic10_module
+
+    monkeypatch.setattr(TorchvisionMNIST, "mirrors", [silent_source])
+    monkeypatch.setattr(cinic10_module, "_URL", f"{silent_source}CINIC-10.tar.gz")
+    for name, dataset in (("MNIST", MNIST(root=str(tmp_path / "m"), download=True)),
+                          ("CINIC-10", CINIC10(root=str(tmp_path / "c"), download=True))):  # fmt: skip
+        with pytest.raises(ConfigError, match=rf"Could not download {name} from {silent_source}") as error:
+            dataset.load_train()
+        assert "timed out" in str(error.value)  # the socket's timeout, not a refused connection
