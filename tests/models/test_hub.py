@@ -148,3 +148,18 @@ def test_timm_tags_load_from_a_local_hub_cache_offline(tmp_path):
     absent = json.loads(result.stdout.strip().splitlines()[-1])["absent"]
     assert absent is not None and "vit_base_patch8_224.dino" in absent and "HF_HUB_OFFLINE is set" in absent
     assert str(cache) in absent and "https://huggingface.co/timm/vit_base_patch8_224.dino" in absent
+
+
+def test_a_damaged_weights_file_in_the_hub_cache_is_named(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+    from miniatures.weights import write_hub_snapshot
+
+    from fedlight.models.hub import timm_state_dict
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    write_hub_snapshot(tmp_path, "timm/resnet18.tv_in1k", {"model.safetensors": b"\x00" * 64}, "0" * 40)
+    with pytest.raises(
+        ConfigError, match=r"The weights file .*models--timm--resnet18.tv_in1k.*model.safetensors could not be read"
+    ):
+        timm_state_dict("resnet18.tv_in1k", "--model.init_args.model_kwargs.pretrained")
