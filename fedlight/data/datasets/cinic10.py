@@ -22,6 +22,8 @@ from fedlight.errors import ConfigError
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 _URL = "https://datashare.ed.ac.uk/bitstream/handle/10283/3192/CINIC-10.tar.gz"
 _MD5 = "6ee4d0c996905fe93221de577967a372"  # the archive unpacks to train/, valid/ and test/
+#: images in each class folder of each split, as published
+IMAGES_PER_CLASS = 9000
 
 
 class CINIC10(FederatedDataset):
@@ -34,6 +36,9 @@ class CINIC10(FederatedDataset):
         cache: keep the decoded splits in ``<root>/.fedlight_cache/`` for the next load.
         download: fetch the archive from the University of Edinburgh's DataShare (MD5 checked) and unpack it
             into ``root`` when a split's folders are missing.
+        subset: read whatever images the class folders hold. By default every class folder of a split read must
+            hold its published 9,000 images, so that an archive unpacked part-way (a run killed during the
+            270,000-file extraction leaves every folder present and images missing) is refused, not trained on.
     """
 
     num_classes = 10
@@ -45,11 +50,13 @@ class CINIC10(FederatedDataset):
         train_splits: tuple[str, ...] = ("train",),
         cache: bool = True,
         download: bool = False,
+        subset: bool = False,
     ) -> None:
         self.root = root
         self.train_splits = tuple(train_splits)
         self.cache = cache
         self.download = download
+        self.subset = subset
 
     def load_train(self) -> LabelledTensors:
         """The pooled training splits, class by class in sorted file order."""
@@ -84,6 +91,11 @@ class CINIC10(FederatedDataset):
             problems += [f"{entry} is not a .png file, the only kind CINIC-10 holds." for entry in others[:5]]
             if not files:
                 problems.append(f"{folder} holds no .png images.")
+            elif not self.subset and len(files) != IMAGES_PER_CLASS:
+                problems.append(
+                    f"{folder} holds {len(files):,} images, not CINIC-10's {IMAGES_PER_CLASS:,}: the archive was "
+                    "unpacked part-way or the folder changed (--data.dataset.init_args.subset=true reads it as it is)."
+                )
             paths += files
             labels += [label] * len(files)
         if problems:

@@ -29,6 +29,8 @@ from fedlight.data.readers.image_files import cached_images
 from fedlight.errors import ConfigError
 
 _URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+#: training images of each class and validation images in all, as published
+TRAIN_PER_CLASS, VAL_IMAGES = 500, 10_000
 _MD5 = "90528d7ca1a48142e341f4ef8d21d0de"
 _FOLDER = "tiny-imagenet-200"  # what the archive unpacks to
 
@@ -41,12 +43,17 @@ class TinyImageNet(FederatedDataset):
         cache: keep the decoded splits in ``<root>/.fedlight_cache/`` for the next load.
         download: fetch the archive from Stanford's CS231n site (MD5 checked) and unpack it next to ``root``,
             which must then end in ``tiny-imagenet-200``, the folder the archive holds.
+        subset: read whatever images the folders hold. By default each class's training folder must hold its
+            published 500 images and the validation set its 10,000, so that an archive unpacked part-way is
+            refused, not trained on.
     """
 
     num_classes = 200
     input_shape = (3, 64, 64)
 
-    def __init__(self, root: str = "data/tiny-imagenet-200", cache: bool = True, download: bool = False) -> None:
+    def __init__(
+        self, root: str = "data/tiny-imagenet-200", cache: bool = True, download: bool = False, subset: bool = False
+    ) -> None:
         if download and Path(root).name != _FOLDER:
             raise ConfigError(
                 f"--data.dataset.init_args.download=true unpacks {_URL} into a folder named {_FOLDER}, but "
@@ -55,6 +62,7 @@ class TinyImageNet(FederatedDataset):
         self.root = root
         self.cache = cache
         self.download = download
+        self.subset = subset
 
     def load_train(self) -> LabelledTensors:
         """The 100,000 training images, class by class in sorted file order."""
@@ -74,6 +82,11 @@ class TinyImageNet(FederatedDataset):
             problems += [f"{path} is not a .JPEG file, the only kind TinyImageNet holds." for path in others[:5]]
             if not files:
                 problems.append(f"{folder} holds no .JPEG images.")
+            elif not self.subset and len(files) != TRAIN_PER_CLASS:
+                problems.append(
+                    f"{folder} holds {len(files)} images, not TinyImageNet's {TRAIN_PER_CLASS}: the archive was "
+                    "unpacked part-way or the folder changed (--data.dataset.init_args.subset=true reads it as it is)."
+                )
             paths += files
             labels += [label] * len(files)
         if problems:
@@ -103,6 +116,12 @@ class TinyImageNet(FederatedDataset):
         if absent:
             raise ConfigError(
                 *absent, f"Every image {annotations} lists must be in {root / 'val' / 'images'}/. " + self._again()
+            )
+        if not self.subset and len(paths) != VAL_IMAGES:
+            raise ConfigError(
+                f"{annotations} lists {len(paths):,} images, not TinyImageNet's {VAL_IMAGES:,}: the archive was "
+                "unpacked part-way or the file changed (--data.dataset.init_args.subset=true reads it as it is).",
+                self._again(),
             )
         images = cached_images(root, "val", paths, (64, 64), self.cache, source=_URL)
         return LabelledTensors(images, torch.tensor(labels))

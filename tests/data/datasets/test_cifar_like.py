@@ -127,28 +127,28 @@ def test_cinic10_reads_class_folders_in_cifar_order_and_caches(tmp_path):
             (label, path) for label, name in enumerate(CLASSES) for path in sorted((tmp_path / split / name).iterdir())
         ]
         expected[split] = (torch.stack([decoded(path) for _, path in files]), [label for label, _ in files])
-    dataset = CINIC10(root=str(tmp_path))
+    dataset = CINIC10(root=str(tmp_path), subset=True)
     pool = dataset.load_train()
     assert torch.equal(pool.inputs, expected["train"][0]) and pool.targets.tolist() == expected["train"][1]
     assert (tmp_path / ".fedlight_cache" / "train.pt").exists()
-    assert torch.equal(CINIC10(root=str(tmp_path)).load_train().inputs, pool.inputs)  # from the cache
+    assert torch.equal(CINIC10(root=str(tmp_path), subset=True).load_train().inputs, pool.inputs)  # from the cache
     assert torch.equal(dataset.load_test().inputs, expected["test"][0])
-    both = CINIC10(root=str(tmp_path), train_splits=("train", "valid")).load_train()
+    both = CINIC10(root=str(tmp_path), subset=True, train_splits=("train", "valid")).load_train()
     assert len(both) == 10 * (CINIC10_SIZES["train"] + CINIC10_SIZES["valid"])
 
 
 def test_cinic10_skips_hidden_files_and_names_a_file_that_is_no_png(tmp_path):
     write_cinic10(tmp_path)
     (tmp_path / "train" / "cat" / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")  # what a desktop leaves
-    assert len(CINIC10(root=str(tmp_path), cache=False).load_train()) == 10 * CINIC10_SIZES["train"]
+    assert len(CINIC10(root=str(tmp_path), subset=True, cache=False).load_train()) == 10 * CINIC10_SIZES["train"]
     (tmp_path / "train" / "cat" / "notes.txt").write_text("")
     with pytest.raises(ConfigError, match=rf"{tmp_path / 'train' / 'cat' / 'notes.txt'} is not a \.png file"):
-        CINIC10(root=str(tmp_path), cache=False).load_train()
+        CINIC10(root=str(tmp_path), subset=True, cache=False).load_train()
 
 
 def test_missing_cinic10_says_where_the_folders_go(tmp_path):
     with pytest.raises(ConfigError, match=r"CINIC-10.*CINIC-10.tar.gz.*<class>/\*.png"):
-        CINIC10(root=str(tmp_path)).load_train()
+        CINIC10(root=str(tmp_path), subset=True).load_train()
 
 
 def test_tiny_imagenet_reads_train_folders_and_the_annotated_validation_set(tmp_path):
@@ -156,7 +156,7 @@ def test_tiny_imagenet_reads_train_folders_and_the_annotated_validation_set(tmp_
     listed = (tmp_path / "wnids.txt").read_text().split()
     wnids = sorted(listed)
     assert listed != wnids, "the file's order is not the class order"
-    dataset = TinyImageNet(root=str(tmp_path), cache=False)
+    dataset = TinyImageNet(root=str(tmp_path), subset=True, cache=False)
     pool, test = dataset.load_train(), dataset.load_test()
     assert dataset.input_shape == (3, 64, 64) and dataset.num_classes == 200
     assert pool.targets.tolist() == list(range(200))  # one image per class, sorted wnids: class 0's folder first
@@ -175,13 +175,13 @@ def test_tiny_imagenet_needs_every_listed_class_and_annotated_image(tmp_path):
     wnid = sorted((tmp_path / "wnids.txt").read_text().split())[5]
     (tmp_path / "train" / wnid / "images").rename(tmp_path / "train" / wnid / "pictures")
     with pytest.raises(ConfigError, match=rf"{tmp_path / 'train' / wnid / 'images'} is missing, though .* lists"):
-        TinyImageNet(root=str(tmp_path), cache=False).load_train()
+        TinyImageNet(root=str(tmp_path), subset=True, cache=False).load_train()
     annotations = tmp_path / "val" / "val_annotations.txt"
     annotations.write_text(annotations.read_text() + "val_99.JPEG\tn99999999\t0\t0\t63\t63\n")
     with pytest.raises(ConfigError, match=r"Line 21 of .*val_annotations.txt is not .* with a wnid of .*wnids.txt"):
-        TinyImageNet(root=str(tmp_path), cache=False).load_test()
+        TinyImageNet(root=str(tmp_path), subset=True, cache=False).load_test()
 
 
 def test_missing_tiny_imagenet_names_the_archive(tmp_path):
     with pytest.raises(ConfigError, match=r"tiny-imagenet-200.zip"):
-        TinyImageNet(root=str(tmp_path)).load_train()
+        TinyImageNet(root=str(tmp_path), subset=True).load_train()

@@ -16,6 +16,7 @@ import threading
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -211,7 +212,7 @@ def test_cinic10_downloads_its_archive_into_root(tmp_path, server, monkeypatch) 
     monkeypatch.setattr(cinic10_module, "_URL", f"{url}CINIC-10.tar.gz")
     monkeypatch.setattr(cinic10_module, "_MD5", md5(folder / "CINIC-10.tar.gz"))
     root = tmp_path / "cinic10"
-    pool = CINIC10(root=str(root), cache=False, download=True).load_train()
+    pool = CINIC10(root=str(root), subset=True, cache=False, download=True).load_train()
     assert pool.targets.tolist() == list(range(10)) and (root / "test" / "truck").is_dir()
 
 
@@ -233,8 +234,8 @@ def test_an_unreachable_source_names_the_url_and_the_folder(tmp_path, closed_por
 
 def test_tiny_imagenet_download_needs_the_archives_folder_name(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"root=.*/data names another: set root to .*/data/tiny-imagenet-200"):
-        TinyImageNet(root=str(tmp_path / "data"), download=True)
-    TinyImageNet(root=str(tmp_path / "data"))  # without download any folder name is fine
+        TinyImageNet(root=str(tmp_path / "data"), subset=True, download=True)
+    TinyImageNet(root=str(tmp_path / "data"), subset=True)  # without download any folder name is fine
 
 
 def _sbd_mask(image_id: str) -> np.ndarray:
@@ -306,7 +307,41 @@ def test_a_source_that_never_answers_fails_after_the_timeout_like_any_download(t
     monkeypatch.setattr(TorchvisionMNIST, "mirrors", [silent_source])
     monkeypatch.setattr(cinic10_module, "_URL", f"{silent_source}CINIC-10.tar.gz")
     for name, dataset in (("MNIST", MNIST(root=str(tmp_path / "m"), download=True)),
-                          ("CINIC-10", CINIC10(root=str(tmp_path / "c"), download=True))):  # fmt: skip
+                          ("CINIC-10", CINIC10(root=str(tmp_path / "c"), subset=True, download=True))):  # fmt: skip
         with pytest.raises(ConfigError, match=rf"Could not download {name} from {silent_source}") as error:
             dataset.load_train()
         assert "timed out" in str(error.value)  # the socket's timeout, not a refused connection
+
+
+def test_an_unpacking_that_stops_part_way_leaves_no_dataset_folder_behind(tmp_path, monkeypatch):
+    import torchvision.datasets.utils as tv_utils
+
+    from fedlight.data.datasets.download import unpack_into_place
+
+    def stops_part_way(archive, to_path):
+        (Path(to_path) / "train" / "cat").mkdir(parents=True)
+        (Path(to_path) / "train" / "cat" / "1.png").write_bytes(b"png")
+        raise OSError("killed while unpacking")
+
+    monkeypatch.setattr(tv_utils, "extract_archive", stops_part_way)
+    with pytest.raises(OSError, match="killed while unpacking"):
+        unpack_into_place(tmp_path / "CINIC-10.tar.gz", tmp_path / "cinic10")
+    assert list((tmp_path / "cinic10").iterdir()) == [], "neither a partial train/ nor the staging folder is left"
+
+
+def test_unpacking_merges_into_folders_that_exist_and_replaces_what_a_partial_one_left(tmp_path):
+    from fedlight.data.datasets.download import unpack_into_place
+
+    source = tmp_path / "source" / "VOCdevkit" / "VOC2012"
+    source.mkdir(parents=True)
+    (source / "a.jpg").write_bytes(b"whole")
+    with tarfile.open(tmp_path / "voc.tar", "w") as archive:
+        archive.add(tmp_path / "source" / "VOCdevkit", arcname="VOCdevkit")
+    target = tmp_path / "data"
+    (target / "VOCdevkit" / "SBD").mkdir(parents=True)  # another archive's folder beside it
+    (target / "VOCdevkit" / "VOC2012").mkdir()
+    (target / "VOCdevkit" / "VOC2012" / "a.jpg").write_bytes(b"who")  # cut short by an earlier unpacking
+    unpack_into_place(tmp_path / "voc.tar", target)
+    assert (target / "VOCdevkit" / "VOC2012" / "a.jpg").read_bytes() == b"whole"
+    assert (target / "VOCdevkit" / "SBD").is_dir()
+    assert sorted(p.name for p in target.iterdir()) == ["VOCdevkit"]

@@ -280,3 +280,23 @@ def test_writing_a_miniature_twice_leaves_the_same_files(tmp_path) -> None:
         assert files == sorted(p.relative_to(second) for p in second.rglob("*") if p.is_file())
         assert all((first / f).read_bytes() == (second / f).read_bytes() for f in files)
         assert all(flag.startswith(OPTION) for flag in flags)
+
+
+@pytest.mark.parametrize(
+    ("name", "folder", "published"),
+    [("CINIC10", "train/airplane", "9,000"), ("TinyImageNet", "train/{first}/images", "500")],
+)
+def test_a_folder_short_of_its_published_count_is_refused_unless_declared_a_subset(tmp_path, name, folder, published):
+    """An archive unpacked part-way leaves every folder present and images missing: read as the full dataset, it is
+    refused naming the folder and the counts; declared a subset, it is read as it is."""
+    root = tmp_path / ROOTS[name]
+    subset = build(name, root)  # the miniature's own flags declare it a subset
+    assert subset.subset and len(subset.load_train()) > 0
+    full = build(name, root, subset=False)
+    with pytest.raises(ConfigError) as error:
+        full.load_train()
+    message = str(error.value)
+    if name == "TinyImageNet":  # the first class in label order (sorted wnids)
+        folder = folder.format(first=sorted((root / "wnids.txt").read_text().split())[0])
+    assert str(root / folder) in message and f"not {'CINIC-10' if name == 'CINIC10' else name}'s {published}" in message
+    assert "subset=true" in message
