@@ -209,19 +209,23 @@ def test_a_malformed_sweep_file_is_one_message_naming_it(tmp_path, text, message
     assert message in str(info.value) and str(path) in str(info.value)
 
 
-def test_a_metric_no_run_logs_stops_the_sweep_after_its_first_trial(tmp_path, monkeypatch, capsys):
-    pytest.importorskip("optuna", reason="sweeps need the optional extra fedlight[sweep]")
+def _failing_sweep(tmp_path: Path, path: Path) -> list:
+    """Runs the sweep ``path``, which must exit with an error; returns its trials' states."""
     from fedlight.cli import main
 
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    path = _sweep_file(tmp_path)
-    path.write_text(path.read_text().replace("name: test/acc", "name: test/accuracy"))
     root = tmp_path / "runs"
     with pytest.raises(SystemExit) as info:
         main(["sweep", str(path), f"--root={root}", *TINY])
     assert info.value.code == 2
-    trials = _trials(f"sqlite:///{root / 'tiny' / 'sweep.db'}", "tiny")
-    assert [t.state.name for t in trials] == ["FAIL"], "one trial's compute, not the grid's four"
+    return [t.state.name for t in _trials(f"sqlite:///{root / 'tiny' / 'sweep.db'}", "tiny")]
+
+
+def test_a_metric_no_run_logs_stops_the_sweep_after_its_first_trial(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("optuna", reason="sweeps need the optional extra fedlight[sweep]")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    path = _sweep_file(tmp_path)
+    path.write_text(path.read_text().replace("name: test/acc", "name: test/accuracy"))
+    assert _failing_sweep(tmp_path, path) == ["FAIL"], "one trial's compute, not the grid's four"
     captured = capsys.readouterr()
     assert "logged no finite test/accuracy" in captured.out  # the table's reason column
     assert "A trial logged no test/accuracy" in captured.err and "Traceback" not in captured.err
@@ -229,15 +233,8 @@ def test_a_metric_no_run_logs_stops_the_sweep_after_its_first_trial(tmp_path, mo
 
 def test_a_flag_the_command_refuses_fails_its_trial_and_the_sweep_exits_non_zero(tmp_path, monkeypatch, capsys):
     pytest.importorskip("optuna", reason="sweeps need the optional extra fedlight[sweep]")
-    from fedlight.cli import main
-
     monkeypatch.setenv("WANDB_MODE", "disabled")
     path = _sweep_file(tmp_path, parameters={"trainer.no_such_option": {"values": [1]}})
-    root = tmp_path / "runs"
-    with pytest.raises(SystemExit) as info:
-        main(["sweep", str(path), f"--root={root}", *TINY])
-    assert info.value.code == 2
-    trials = _trials(f"sqlite:///{root / 'tiny' / 'sweep.db'}", "tiny")
-    assert [t.state.name for t in trials] == ["FAIL"], "not left RUNNING in the database"
+    assert _failing_sweep(tmp_path, path) == ["FAIL"], "not left RUNNING in the database"
     captured = capsys.readouterr()
     assert "fedlight refused the trial's flags" in captured.out and "1 trial(s) of the sweep failed" in captured.err

@@ -9,14 +9,13 @@ uint8, decoded once and cached (:mod:`fedlight.data.readers.image_files`).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
 from fedlight.data.datasets.download import fetch_archive
-from fedlight.data.readers.image_files import cached_images
+from fedlight.data.readers.image_files import cached_images, class_folder_images
 from fedlight.errors import ConfigError
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -82,20 +81,8 @@ class CINIC10(FederatedDataset):
             )
         paths, labels, problems = [], [], []
         for label, folder in enumerate(folders):
-            # hidden files (a desktop's .DS_Store) are no images; anything else not named *.png is one renamed.
-            # scandir knows each entry's kind without a stat call per file
-            with os.scandir(folder) as scan:
-                entries = [(entry.name, entry.is_file()) for entry in scan if not entry.name.startswith(".")]
-            files = sorted(folder / name for name, is_file in entries if is_file and name.endswith(".png"))
-            others = sorted(folder / name for name, is_file in entries if not (is_file and name.endswith(".png")))
-            problems += [f"{entry} is not a .png file, the only kind CINIC-10 holds." for entry in others[:5]]
-            if not files:
-                problems.append(f"{folder} holds no .png images.")
-            elif not self.subset and len(files) != IMAGES_PER_CLASS:
-                problems.append(
-                    f"{folder} holds {len(files):,} images, not CINIC-10's {IMAGES_PER_CLASS:,}: the archive was "
-                    "unpacked part-way or the folder changed (--data.dataset.init_args.subset=true reads it as it is)."
-                )
+            files, wrong = class_folder_images(folder, ".png", "CINIC-10", None if self.subset else IMAGES_PER_CLASS)
+            problems += wrong
             paths += files
             labels += [label] * len(files)
         if problems:

@@ -18,14 +18,13 @@ order, as ``torchvision.datasets.ImageFolder`` numbers ``train/``. Images are ``
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
 from fedlight.data.base import FederatedDataset, LabelledTensors
 from fedlight.data.datasets.download import fetch_archive, missing_files
-from fedlight.data.readers.image_files import cached_images
+from fedlight.data.readers.image_files import cached_images, class_folder_images
 from fedlight.errors import ConfigError
 
 _URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
@@ -73,20 +72,9 @@ class TinyImageNet(FederatedDataset):
             if not folder.is_dir():
                 problems.append(f"{folder} is missing, though {root / 'wnids.txt'} lists {wnid}.")
                 continue
-            # hidden files (a desktop's .DS_Store) are no images; anything else not named *.JPEG is one renamed.
-            # scandir knows each entry's kind without a stat call per file
-            with os.scandir(folder) as scan:
-                entries = [(entry.name, entry.is_file()) for entry in scan if not entry.name.startswith(".")]
-            files = sorted(folder / name for name, is_file in entries if is_file and name.endswith(".JPEG"))
-            others = sorted(folder / name for name, is_file in entries if not (is_file and name.endswith(".JPEG")))
-            problems += [f"{path} is not a .JPEG file, the only kind TinyImageNet holds." for path in others[:5]]
-            if not files:
-                problems.append(f"{folder} holds no .JPEG images.")
-            elif not self.subset and len(files) != TRAIN_PER_CLASS:
-                problems.append(
-                    f"{folder} holds {len(files)} images, not TinyImageNet's {TRAIN_PER_CLASS}: the archive was "
-                    "unpacked part-way or the folder changed (--data.dataset.init_args.subset=true reads it as it is)."
-                )
+            published = None if self.subset else TRAIN_PER_CLASS
+            files, wrong = class_folder_images(folder, ".JPEG", "TinyImageNet", published)
+            problems += wrong
             paths += files
             labels += [label] * len(files)
         if problems:

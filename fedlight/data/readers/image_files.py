@@ -24,6 +24,28 @@ from fedlight.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
+def class_folder_images(folder: Path, suffix: str, dataset: str, published: int | None) -> tuple[list[Path], list[str]]:
+    """The images of one class folder, sorted, and what is wrong with the folder.
+
+    Hidden files (a desktop's ``.DS_Store``) are no images; anything else not named ``*<suffix>`` is one renamed.
+    With ``published`` (None: a subset, read as it is), a folder holding another number of images is refused: an
+    archive unpacked part-way leaves every folder present and images missing.
+    """
+    with os.scandir(folder) as scan:  # scandir knows each entry's kind without a stat call per file
+        entries = [(entry.name, entry.is_file()) for entry in scan if not entry.name.startswith(".")]
+    files = sorted(folder / name for name, is_file in entries if is_file and name.endswith(suffix))
+    others = sorted(folder / name for name, is_file in entries if not (is_file and name.endswith(suffix)))
+    problems = [f"{path} is not a {suffix} file, the only kind {dataset} holds." for path in others[:5]]
+    if not files:
+        problems.append(f"{folder} holds no {suffix} images.")
+    elif published is not None and len(files) != published:
+        problems.append(
+            f"{folder} holds {len(files):,} images, not {dataset}'s {published:,}: the archive was unpacked part-way "
+            "or the folder changed (--data.dataset.init_args.subset=true reads it as it is)."
+        )
+    return files, problems
+
+
 def decode_images(paths: Sequence[Path], size: tuple[int, int], source: str = "the dataset") -> torch.Tensor:
     """Returns ``[N, 3, H, W]`` uint8 RGB images decoded from ``paths`` (greyscale files are expanded to RGB).
 
