@@ -19,12 +19,14 @@ At the end, a table of the trials: state, metric, values, run folder.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
@@ -351,22 +353,46 @@ def open_study(file: SweepFile, storage: str, name: str, heartbeat: int, seed: i
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     if heartbeat < 1:
         raise ConfigError(f"Expected --heartbeat ≥ 1 second, got {heartbeat}.")
-    try:
-        database = RDBStorage(
-            storage, heartbeat_interval=heartbeat, grace_period=2 * heartbeat,
-            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
-        )  # fmt: skip
-    except Exception as error:  # SQLAlchemy's own errors, for an unknown scheme or an unreachable server
-        raise ConfigError(f"--storage {storage} cannot be opened as an Optuna database: {error}") from error
     samplers = {
         "grid": lambda: optuna.samplers.GridSampler({k: s["values"] for k, s in file.swept.items()}, seed=seed),
         "random": lambda: optuna.samplers.RandomSampler(seed=seed),
         "bayes": lambda: optuna.samplers.TPESampler(seed=seed),
     }
-    return optuna.create_study(
-        storage=database, study_name=name, sampler=samplers[file.method](), load_if_exists=True,
-        direction="maximize" if file.maximize else "minimize",
-    )  # fmt: skip
+    # Creating a database's tables and a study is not atomic: processes that start one new sweep together would
+    # race on the schema ("table studies already exists"), so they take turns (on a SQLite file, a lock beside it).
+    with _one_at_a_time(storage):
+        try:
+            database = RDBStorage(
+                storage, heartbeat_interval=heartbeat, grace_period=2 * heartbeat,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
+            )  # fmt: skip
+        except Exception as error:  # SQLAlchemy's own errors, for an unknown scheme or an unreachable server
+            raise ConfigError(f"--storage {storage} cannot be opened as an Optuna database: {error}") from error
+        return optuna.create_study(
+            storage=database, study_name=name, sampler=samplers[file.method](), load_if_exists=True,
+            direction="maximize" if file.maximize else "minimize",
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _one_at_a_time(storage: str) -> Iterator[None]:
+    """Holds ``<database>.lock`` exclusively for a SQLite URL (POSIX ``flock``); other servers order their own
+    transactions."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: start the processes of a new sweep one after another
+        fcntl = None
+    if fcntl is None or not storage.startswith("sqlite:///"):
+        yield
+        return
+    lock = Path(storage.removeprefix("sqlite:///") + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def requeue(study: Any, trial: Any) -> None:

@@ -238,3 +238,36 @@ def test_a_flag_the_command_refuses_fails_its_trial_and_the_sweep_exits_non_zero
     assert _failing_sweep(tmp_path, path) == ["FAIL"], "not left RUNNING in the database"
     captured = capsys.readouterr()
     assert "fedlight refused the trial's flags" in captured.out and "1 trial(s) of the sweep failed" in captured.err
+
+
+def _open_together(barrier, storage, sweep_file, results):
+    from fedlight.sweep import SweepFile, open_study
+
+    file = SweepFile.read(Path(sweep_file))
+    barrier.wait()  # every process creates the new study at the same moment
+    try:
+        open_study(file, storage, "together", 10, None)
+        results.put("ok")
+    except Exception as error:
+        results.put(f"{type(error).__name__}: {error}")
+
+
+def test_processes_that_start_one_new_sweep_together_do_not_race_on_its_database(tmp_path):
+    """Creating the tables and the study is not atomic: six processes opening a new SQLite sweep at once all get the
+    one study (before the fix, four of five such starts had a process fail on 'table studies already exists')."""
+    import multiprocessing
+
+    pytest.importorskip("optuna", reason="sweeps need the optional extra fedlight[sweep]")
+    context = multiprocessing.get_context("spawn")
+    for attempt in range(3):
+        storage = f"sqlite:///{tmp_path / str(attempt) / 'sweep.db'}"
+        barrier, results = context.Barrier(6), context.Queue()
+        arguments = (barrier, storage, str(SWEEPS[0]), results)
+        processes = [context.Process(target=_open_together, args=arguments) for _ in range(6)]
+        for process in processes:
+            process.start()
+        outcomes = [results.get(timeout=300) for _ in processes]
+        for process in processes:
+            process.join()
+        assert outcomes == ["ok"] * 6, outcomes
+        assert len(_trials(storage, "together")) == 0  # one study, opened by all
