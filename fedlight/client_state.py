@@ -105,6 +105,7 @@ class ClientStateStore:
         directory: where the states are written (``<run_dir>/client_state``).
         budget_bytes: the most memory the states kept in memory may take; 0 keeps none.
         num_clients: the clients of the population: at most two states each (current, just written) are kept.
+        keep_all: never delete a state file (by default those no checkpoint of the last two names are deleted).
 
     >>> import tempfile
     >>> store = ClientStateStore({"c": Slot.vector(2)}, Path(tempfile.mkdtemp()), budget_bytes=8, num_clients=3)
@@ -116,10 +117,13 @@ class ClientStateStore:
     ([1.0, 1.0], {5: 1})
     """
 
-    def __init__(self, slots: Mapping[str, Slot], directory: Path, budget_bytes: int, num_clients: int) -> None:
+    def __init__(
+        self, slots: Mapping[str, Slot], directory: Path, budget_bytes: int, num_clients: int, keep_all: bool = False
+    ) -> None:
         self.slots = dict(slots)
         self.directory = Path(directory)
         self.budget_bytes = int(budget_bytes)
+        self.keep_all = keep_all
         #: the version (rounds done when it was written) of each trained client's current state
         self.index: dict[int, int] = {}
         #: the slots of the client in training, between the start and the end of its fit
@@ -230,7 +234,7 @@ class ClientStateStore:
         once a checkpoint holding :meth:`state_dict` is written."""
         self._saved = [*self._saved[-1:], dict(self.index)]
         named = {item for index in (self.index, *self._saved) for item in index.items()}
-        if not self.directory.is_dir():
+        if self.keep_all or not self.directory.is_dir():
             return
         self._digests = {key: value for key, value in self._digests.items() if key in named}
         for path in self.directory.iterdir():

@@ -204,6 +204,8 @@ class GuardSettings:
     fail_fast: bool
     gather_budget_mb: float
     client_state_budget_mb: float = 1024.0
+    #: keep every client state file the run writes, not only those its last two checkpoints name
+    keep_client_states: bool = False
 
     def problems(self) -> list[str]:
         problems = []

@@ -102,13 +102,16 @@ class GlobalModel:
             self.bank.load_state_dict(self.pending_bank)
         log.info("%d clusters keep their own %d of %d entries", num_clusters, len(names), len(self.layout.entries))
 
-    def setup_client_states(self, strategy: Strategy, context: RunContext, directory: Path, budget_bytes: int) -> None:
+    def setup_client_states(
+        self, strategy: Strategy, context: RunContext, directory: Path, budget_bytes: int, keep_all: bool = False
+    ) -> None:
         """Gives the run a store of the clients' own state when the strategy declares one (after its
         ``on_fit_start``), with the index of a checkpoint being resumed."""
         slots = strategy.client_state_slots(context)
         if not slots or self.client_states is not None:
             return
-        self.client_states = ClientStateStore(slots, directory, budget_bytes, context.datamodule.num_clients)
+        num_clients = context.datamodule.num_clients
+        self.client_states = ClientStateStore(slots, directory, budget_bytes, num_clients, keep_all)
         if self.pending_client_states is not None:
             self.client_states.load_state_dict(self.pending_client_states)
         store = self.client_states

@@ -75,7 +75,9 @@ def trainer_settings(arguments: dict[str, Any]) -> TrainerSettings:
         ),
         evaluation=EvaluationSettings(a.eval_clients, a.full_eval_every),
         batching=BatchingSettings(a.client_batching, a.compile_batched, a.compile_steps),
-        guards=GuardSettings(a.max_update_ratio, a.fail_fast, a.gather_budget_mb, a.client_state_budget_mb),
+        guards=GuardSettings(
+            a.max_update_ratio, a.fail_fast, a.gather_budget_mb, a.client_state_budget_mb, a.keep_client_states
+        ),
         logging=LoggingSettings(
             Path(a.default_root_dir), a.name, loggers, a.wandb_project, a.wandb_entity, a.wandb_mode, a.wandb_group,
             a.wandb_tags, a.wandb_notes, a.enable_progress_bar,

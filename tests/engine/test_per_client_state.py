@@ -3,11 +3,13 @@ fit leaves; the state survives a kill and resume bit for bit, does not depend on
 client's own model to the personal evaluation. (One and two processes: ``test_per_client_state_processes.py``.)"""
 
 import os
+import shutil
 import signal
 
 import pytest
 import torch
 
+from fedlight.callbacks import RoundCallback
 from fedlight.client_state import Slot
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule, Synthetic
@@ -199,3 +201,27 @@ def test_validating_a_checkpoint_scores_each_clients_own_model_too(tmp_path):
     metrics = evaluator.validate(model(seed=1), data(), Tally(), ckpt_path=checkpoint)
     for name in ("acc", "acc_min", "loss"):
         assert metrics[f"clients/personal/{name}"] == trainer.history[-1][f"clients/personal/{name}"], name
+
+
+class CopyCheckpointAtRound(RoundCallback):
+    """Copies the run's last.ckpt aside as round ``round_idx`` starts (after the previous round's checkpoint)."""
+
+    def __init__(self, round_idx, destination):
+        self.round_idx, self.destination = round_idx, destination
+
+    def on_round_start(self, context, round_idx):
+        if round_idx == self.round_idx:
+            shutil.copy(context.run_dir / "checkpoints" / "last.ckpt", self.destination)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_checkpoint_copied_aside_resumes_only_while_its_states_are_kept(tmp_path, keep):
+    backup = tmp_path / "r2.ckpt"
+    kept = {"keep_client_states": keep, "checkpoint_every": 1}
+    reference = fit(tmp_path / "run", Tally(), callbacks=[CopyCheckpointAtRound(2, backup)], **kept)
+    if keep:  # the run's clean-up left the states the copy names: rewinding to it gives the same run again
+        rewound = fit(tmp_path / "run", Tally(), ckpt_path=backup, rewind=True, **kept)
+        torch.testing.assert_close(rewound.global_state, reference.global_state, rtol=0, atol=0)
+        return
+    with pytest.raises(ConfigError, match=r"The checkpoint names \d+ client states that are not in .*client_state"):
+        fit(tmp_path / "run", Tally(), ckpt_path=backup, rewind=True, **kept)
