@@ -266,8 +266,9 @@ class ClientStateStore:
                 f"The checkpoint names {len(missing)} client states that are not in {self.directory}: {listed}. The "
                 "run keeps the states its last two checkpoints name and deletes older ones, so a checkpoint copied "
                 "aside and resumed later names states that are gone.",
-                "Resume from the run's own checkpoints/last.ckpt (or previous.ckpt), or copy the run folder's "
-                "client_state/ aside together with the checkpoint; no client is trained from another state.",
+                "Resume from the run's own checkpoints/last.ckpt (or previous.ckpt); copy client_state/ aside together "
+                "with a checkpoint, or run with --trainer.keep_client_states=true to keep every state. No client is "
+                "trained or scored from a state other than its own.",
             )
         self._saved = [dict(self.index)]  # the checkpoint it came from
         self._free += self._rows.values()
