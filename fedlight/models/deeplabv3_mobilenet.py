@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedlight.errors import ConfigError
-from fedlight.models.hub import resolve_weights, timm_state_dict, torchvision_state_dict
+from fedlight.models.hub import read_weights_file, resolve_weights, timm_state_dict, torchvision_state_dict
 from fedlight.models.registry import register_model
 
 OUTPUT_STRIDE = 32
@@ -135,7 +135,7 @@ class DeepLabV3MobileNetV2(nn.Module):
             path = Path(source.name).expanduser()
             if not path.is_file():
                 raise ConfigError(f"MobileNet-V2 ImageNet weights not found at {path} ({_FLAG}).", _WEIGHTS_HELP)
-            raw = torch.load(path, map_location="cpu", weights_only=True)
+            raw = read_weights_file(path)
             if isinstance(raw, Mapping) and isinstance(raw.get("state_dict"), Mapping):
                 raw = raw["state_dict"]
         state = _backbone_state(raw, self.backbone.state_dict(), source.name)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -137,7 +137,7 @@ def _hub_file(repo_id: str, filename: str | None) -> dict[str, torch.Tensor]:
     names = [filename] if filename else ["model.safetensors", "pytorch_model.bin"]
     for name in names:
         try:
-            return _read_weights(hf_hub_download(repo, name, revision=revision or None, local_files_only=True))
+            return read_weights_file(hf_hub_download(repo, name, revision=revision or None, local_files_only=True))
         except (LocalEntryNotFoundError, EntryNotFoundError):
             continue
     if constants.HF_HUB_OFFLINE:
@@ -150,7 +150,7 @@ def _hub_file(repo_id: str, filename: str | None) -> dict[str, torch.Tensor]:
             if name == names[-1]:
                 raise
             continue
-        return _read_weights(path)
+        return read_weights_file(path)
     raise AssertionError(f"no weights file tried for {repo_id}")
 
 
@@ -173,8 +173,9 @@ def hub_files(repo_id: str, filenames: Sequence[str], revision: str | None = Non
     return [hf_hub_download(repo_id, name, revision=revision) for name in filenames]
 
 
-def _read_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """A weights file's tensors, or one :class:`ConfigError` naming a file that is damaged or not a checkpoint."""
+def read_weights_file(path: str | Path) -> dict[str, Any]:
+    """A weights file's contents (``.safetensors`` or a PyTorch checkpoint), or one :class:`ConfigError` naming a
+    file that is damaged or not a checkpoint."""
     try:
         if str(path).endswith(".safetensors"):
             from safetensors.torch import load_file

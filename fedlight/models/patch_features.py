@@ -67,7 +67,9 @@ class PatchFeatures(nn.Module):
 
     def load_pretrained(self, path: str | Path) -> None:
         """Loads weights from a local file (for ViTs: DINO's or timm's key names)."""
-        self.load_state(torch.load(Path(path), map_location="cpu", weights_only=True), str(path))
+        from fedlight.models.hub import read_weights_file
+
+        self.load_state(read_weights_file(Path(path)), str(path))
 
     def load_state(self, state: dict[str, Any], source: str) -> None:
         """Loads a state dict read from ``source`` (a file or a hub tag, named in errors)."""

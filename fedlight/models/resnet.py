@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from fedlight.errors import ConfigError
-from fedlight.models.hub import timm_state_dict
+from fedlight.models.hub import read_weights_file, timm_state_dict
 from fedlight.models.registry import register_model
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -162,23 +162,9 @@ class ResNet(nn.Module):
 def _imagenet_state(arch: str, pretrained_file: str | None) -> dict[str, torch.Tensor]:
     """PyTorch's ImageNet weights of ``arch`` from ``pretrained_file`` or timm's Hub tag (timm and torchvision name
     a ResNet's tensors alike, so either file fits)."""
-    flag = "--model.init_args.model_kwargs.pretrained"
     if pretrained_file is None:
-        return timm_state_dict(_PRETRAINED_TAGS[arch], flag)
-    path = Path(pretrained_file).expanduser()
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            return load_file(path, device="cpu")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # safetensors, pickle and zip errors alike: a damaged or foreign file
-        raise ConfigError(
-            f"--model.init_args.model_kwargs.pretrained_file={pretrained_file} could not be read as a checkpoint "
-            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}).",
-            f"Replace it with {arch}'s ImageNet weights (timm's {_PRETRAINED_TAGS[arch]!r} or torchvision's "
-            "IMAGENET1K_V1 .pth).",
-        ) from None
+        return timm_state_dict(_PRETRAINED_TAGS[arch], "--model.init_args.model_kwargs.pretrained")
+    state = read_weights_file(Path(pretrained_file).expanduser())
     return state.get("state_dict", state) if isinstance(state, dict) else state
 
 

@@ -163,3 +163,17 @@ def test_a_damaged_weights_file_in_the_hub_cache_is_named(tmp_path, monkeypatch)
         ConfigError, match=r"The weights file .*models--timm--resnet18.tv_in1k.*model.safetensors could not be read"
     ):
         timm_state_dict("resnet18.tv_in1k", "--model.init_args.model_kwargs.pretrained")
+
+
+@pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
+def test_a_damaged_weights_file_given_by_path_is_named(tmp_path, suffix):
+    """LADD's MobileNet-V2 and FUSS's backbone read a local file as they read the cache: a damaged one is named."""
+    path = tmp_path / f"weights{suffix}"
+    path.write_bytes(b"PK\x03\x04 not a whole checkpoint")
+    damaged = rf"The weights file {path} could not be read"
+    with pytest.raises(ConfigError, match=damaged):
+        _ladd(encoder_weights=str(path)).load_pretrained()
+    client = UnsupervisedSegmentationClient(num_classes=3, input_shape=(3, 32, 32), backbone="vit_tiny_patch8",
+                                            pretrained=str(path))  # fmt: skip
+    with pytest.raises(ConfigError, match=damaged):
+        client.configure_model()

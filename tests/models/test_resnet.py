@@ -95,7 +95,7 @@ def test_a_damaged_pretrained_file_is_one_message_naming_it(tmp_path):
     model = create_model(
         "resnet18", input_shape=(3, 32, 32), num_classes=10, pretrained=True, pretrained_file=str(path)
     )
-    with pytest.raises(ConfigError, match=rf"pretrained_file={path} could not be read as a checkpoint"):
+    with pytest.raises(ConfigError, match=rf"The weights file {path} could not be read"):
         model.load_pretrained()
 
 
