@@ -54,6 +54,7 @@ RESUMABLE_KEYS = (
     "trainer.rendezvous_timeout",
     "trainer.gather_budget_mb",
     "trainer.client_state_budget_mb",
+    "trainer.keep_client_states",
     "ckpt_path",
     "config",
 )
