@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from fedlight.errors import ConfigError
-from fedlight.sweep import SweepFile, base_command, trial_name
+from fedlight.sweep import trial_name
+from fedlight.sweep_file import SweepFile, base_command
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((REPO / "conf" / "sweeps").glob("*.yaml"))
@@ -241,7 +242,8 @@ def test_a_flag_the_command_refuses_fails_its_trial_and_the_sweep_exits_non_zero
 
 
 def _open_together(barrier, storage, sweep_file, results):
-    from fedlight.sweep import SweepFile, open_study
+    from fedlight.sweep import open_study
+    from fedlight.sweep_file import SweepFile
 
     file = SweepFile.read(Path(sweep_file))
     barrier.wait()  # every process creates the new study at the same moment
