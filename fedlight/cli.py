@@ -32,7 +32,7 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter, Namespace
 from jsonargparse import Path as ConfigPath
 
-from fedlight import compare, sweep
+from fedlight import compare, row_changes, sweep
 from fedlight.ckpt_path import last_checkpoint, resume_command, with_checkpoint_config
 from fedlight.clients.base import FederatedClient
 from fedlight.data.datamodule import FederatedDataModule
@@ -282,6 +282,8 @@ def run(args: list[str] | None = None) -> dict[str, float]:
     missing = missing_logger_packages(sub_cfg.trainer.logger)
     if missing:
         raise ConfigError(*missing)
+    if name == "fit":
+        _note_row_changes(parser, cfg, name, args)
     resolved = _resolved_config(parser, cfg, name)
     lightning.seed_everything(sub_cfg.seed_everything, verbose=False)
     try:
@@ -324,6 +326,25 @@ def check_config_files(args: list[str]) -> None:
             files += [path.parent / base for base in bases if (path.parent / base).is_file()]
     if problems:
         raise ConfigError(*problems)
+
+
+def _note_row_changes(parser: ArgumentParser, cfg: Namespace, name: str, args: list[str]) -> None:
+    """When the first ``--config`` is a paper's row and the command changes its experiment, says so on the console
+    and appends it to ``--trainer.wandb_notes``, which the run's ``config.yaml``, checkpoints and W&B keep."""
+    given = cfg[name].get("config") or []
+    kind = row_changes.row_kind(str(given[0])) if given else None
+    if kind is None or args[1:] == ["--config", str(given[0])]:
+        return
+    row = parser.parse_args([name, "--config", str(given[0])])
+    changes = row_changes.changed_settings(_resolved_config(parser, row, name), _resolved_config(parser, cfg, name))
+    if not changes:
+        return
+    note = row_changes.note(given[0], kind, changes)
+    trainer = cfg[name].trainer
+    if note not in (trainer.wandb_notes or ""):
+        trainer.wandb_notes = f"{trainer.wandb_notes} {note}" if trainer.wandb_notes else note
+    if _launched_rank() == 0:
+        print(f"fedlight: {note}", flush=True)
 
 
 def _resolved_config(parser: ArgumentParser, cfg: Namespace, name: str) -> dict[str, Any]:

@@ -116,7 +116,8 @@ class FederatedTrainer(RunView):
             ``WANDB_MODE`` or else ``offline``. ``WANDB_MODE=disabled`` turns W&B off whatever this says.
         wandb_group: W&B group, to see runs together (e.g. the seeds of one table row).
         wandb_tags: W&B tags of the run, for filtering in the W&B interface.
-        wandb_notes: a longer description of the run, shown in W&B.
+        wandb_notes: a longer description of the run, shown in W&B. ``fedlight fit`` adds a sentence naming the
+            settings a command changes in a paper's row (``conf/<paper>/``): such a run is not the paper's setting.
         enable_progress_bar: show progress over rounds and over the clients of a round.
         callbacks: round callbacks (:class:`~fedlight.callbacks.RoundCallback`): analyses and pictures
             between rounds, each with its own cadence; what they add to a round's metrics is logged.
