@@ -5,7 +5,9 @@ Both runs must have written per-image scores (:class:`~fedlight.callbacks.per_im
 pixels, so the runs must have scored the very same images; otherwise the comparison is refused. For the
 chosen metric the command prints n, both means, the mean difference B − A, and the two-sided p-values of
 the paired t-test (``scipy.stats.ttest_rel``) and of the Wilcoxon signed-rank test (``scipy.stats.wilcoxon``).
-Images whose score is undefined in either run (NaN: no valid pixel) are left out of both.
+Images whose score is undefined in either run (NaN: no valid pixel) are left out of both. When every score is 0
+or 1 (a classifier's per-image accuracy), McNemar's exact test is added: the two-sided binomial test of the images
+only A got right against those only B got right (``scipy.stats.binomtest``), the test for paired binary outcomes.
 
     fedlight compare runs/fedlight/version_0 runs/fedlight/version_1
     fedlight compare a/per_image.csv b/per_image.csv --metric acc
@@ -52,6 +54,10 @@ def paired_test(run_a: str | Path, run_b: str | Path, metric: str = "miou") -> d
     x, y = a[metric], b[metric]
     keep = ~(np.isnan(x) | np.isnan(y))
     x, y = x[keep], y[keep]
+    if metric == "miou" and not keep.any() and not np.isnan(a["acc"]).all():
+        raise ConfigError(
+            f"{files[0]} and {files[1]} hold no per-image mIoU: they are a classifier's scores. Pass --metric acc."
+        )
     if len(x) < 2:
         raise ConfigError(f"{files[0]} and {files[1]} share {len(x)} images with a defined {metric}; need ≥ 2.")
     from scipy import stats  # seconds to import; only this command needs it
@@ -63,9 +69,16 @@ def paired_test(run_a: str | Path, run_b: str | Path, metric: str = "miou") -> d
         w_statistic, w_p = float(w.statistic), float(w.pvalue)
     else:  # identical scores: no signed rank to test
         w_statistic, w_p = float("nan"), 1.0
+    binary = bool(np.isin(x, (0.0, 1.0)).all() and np.isin(y, (0.0, 1.0)).all())
+    only_a, only_b = int(((x == 1) & (y == 0)).sum()), int(((x == 0) & (y == 1)).sum())
+    mcnemar = stats.binomtest(only_b, only_a + only_b, 0.5).pvalue if binary and only_a + only_b else 1.0
     return {
         "metric": metric,
         "n": len(x),
+        "binary": binary,
+        "only_a": only_a,
+        "only_b": only_b,
+        "mcnemar_pvalue": float(mcnemar),
         "mean_a": float(x.mean()),
         "mean_b": float(y.mean()),
         "mean_difference": float(differences.mean()),
@@ -78,6 +91,10 @@ def paired_test(run_a: str | Path, run_b: str | Path, metric: str = "miou") -> d
 
 def format_result(result: dict, run_a: str, run_b: str) -> str:
     m = result["metric"]
+    mcnemar = [
+        f"McNemar's exact test: {result['only_a']} images right only in A, {result['only_b']} only in B, "
+        f"p = {result['mcnemar_pvalue']:.4g}"
+    ]
     return "\n".join(
         [
             f"A: {run_a}",
@@ -87,6 +104,7 @@ def format_result(result: dict, run_a: str, run_b: str) -> str:
             f"mean difference B − A: {100 * result['mean_difference']:+.2f} points",
             f"paired t-test: t = {result['t_statistic']:.3f}, p = {result['t_pvalue']:.4g}",
             f"Wilcoxon signed-rank: W = {result['wilcoxon_statistic']:.1f}, p = {result['wilcoxon_pvalue']:.4g}",
+            *(mcnemar if result["binary"] else []),
         ]
     )
 

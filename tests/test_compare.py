@@ -135,3 +135,43 @@ def _help_usage(args, capsys):
     with pytest.raises(SystemExit):
         main(args)
     return capsys.readouterr().out.splitlines()[0]
+
+
+def test_binary_scores_add_mcnemar_s_exact_test(tmp_path):
+    # A alone right on image 0, B alone right on images 3–6: the discordant pairs are 1 and 4
+    a = [1, 1, 0, 0, 0, 0, 0, 1]
+    b = [0, 1, 0, 1, 1, 1, 1, 1]
+    ids = [str(i) for i in range(8)]
+    result = paired_test(write_run(tmp_path / "a", ids, a), write_run(tmp_path / "b", ids, b), metric="acc")
+    assert result["binary"] and (result["only_a"], result["only_b"]) == (1, 4)
+    # two-sided exact binomial with n = 5, p = 1/2: 2 · P(X ≥ 4) = 2 · (5 + 1) / 32
+    assert result["mcnemar_pvalue"] == pytest.approx(12 / 32)
+    continuous = paired_test(write_run(tmp_path / "c", ids, np.full(8, 0.5)), tmp_path / "b", metric="acc")
+    assert not continuous["binary"]
+
+
+def test_a_classifier_run_scores_each_test_image_and_compare_pairs_two(tmp_path, capsys):
+    common = [
+        "--config", "conf/fedproto/synthetic/fedavg_delta0.yaml", "--trainer.rounds=1", "--trainer.local_epochs=1",
+        "--trainer.clients_per_round=3", "--trainer.enable_progress_bar=false", "--trainer.logger=csv",
+        "--trainer.callbacks+=fedlight.callbacks.per_image_scores.PerImageScores",
+    ]  # fmt: skip
+    runs = []
+    for lr in ("0.01", "0.5"):
+        root = tmp_path / lr
+        main(["fit", *common, f"--trainer.default_root_dir={root}", f"--model.init_args.optimizer.init_args.lr={lr}"])
+        (run,) = root.glob("*/version_*")
+        runs.append(run)
+    a, b = (read_per_image(run / "per_image.csv") for run in runs)
+    assert a["image"] == b["image"] and len(a["image"]) > 100
+    assert set(a["acc"]) <= {0.0, 1.0} and np.isnan(a["miou"]).all()
+    metrics = np.genfromtxt(runs[0] / "metrics.csv", delimiter=",", names=True)
+    assert a["acc"].mean() == pytest.approx(float(np.atleast_1d(metrics["testacc"])[-1]))
+    capsys.readouterr()
+    main(["compare", str(runs[0]), str(runs[1]), "--metric", "acc"])
+    only_a = int(((a["acc"] == 1) & (b["acc"] == 0)).sum())
+    only_b = int(((a["acc"] == 0) & (b["acc"] == 1)).sum())
+    expected = stats.binomtest(only_b, only_a + only_b).pvalue
+    assert f"{only_a} images right only in A, {only_b} only in B, p = {expected:.4g}" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"classifier.s scores\. Pass --metric acc"):
+        paired_test(runs[0], runs[1], metric="miou")

@@ -9,7 +9,8 @@ Scores follow the run's own evaluation. An unsupervised model (``validation_step
 scored under one Hungarian match of clusters to classes over the whole test set, the match its ``test/miou``
 uses; a supervised one (``preds``) under the identity. An image's mIoU averages the classes present in its
 labels or its matched predictions (:func:`~fedlight.metrics.functional.unsupervised.per_image_miou`), its
-accuracy is the share of its valid pixels predicted right.
+accuracy is the share of its valid pixels predicted right. A classifier's image (``preds`` of shape ``[B]``) has
+accuracy 1 or 0 and no mIoU (NaN): ``fedlight compare --metric acc`` pairs two classifiers' runs.
 
 Each row's ``image`` is the image's position in the test set and a digest of its pixels, so two runs pair
 the same images, and runs on different test data cannot be paired by mistake.
@@ -65,7 +66,10 @@ def per_image_scores(module, batches: Iterable, num_classes: int, precision=None
         unsupervised = "clusters" in out
         maps.append(out["clusters" if unsupervised else "preds"].cpu())
         targets.append(out["target"].cpu())
-    predicted, target = torch.cat(maps), torch.cat(targets)  # [N, H, W]
+    predicted, target = torch.cat(maps), torch.cat(targets)  # [N, H, W], or [N] for a classifier
+    if predicted.dim() == 1:
+        right = (predicted == target).double()
+        return {"image": ids, "miou": np.full(len(ids), np.nan), "acc": right.numpy()}
     if unsupervised:
         num_clusters = int(getattr(module, "num_clusters", num_classes))
         assignment = hungarian_match(cluster_histogram(predicted, target, num_clusters, num_classes, ignore_index))
@@ -101,7 +105,8 @@ def read_per_image(path: str | Path) -> dict:
 
 
 class PerImageScores(RoundCallback):
-    """Writes ``<run_dir>/per_image.csv``: every global test image's mIoU and accuracy after the last round."""
+    """Writes ``<run_dir>/per_image.csv``: every global test image's mIoU and accuracy after the last round (a
+    classifier's: accuracy 0 or 1, no mIoU)."""
 
     def on_fit_end(self, context: RunContext) -> None:
         if context.rank != 0 or context.run_dir is None:
