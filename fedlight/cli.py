@@ -188,10 +188,40 @@ class _HelpFormatter(DefaultHelpFormatter):
 
 
 class _Parser(ArgumentParser):
-    """jsonargparse's parser with fedlight's help; the parsers that jsonargparse derives (``--model.help``) keep it."""
+    """jsonargparse's parser with fedlight's help; the parsers that jsonargparse derives (``--model.help``) keep it.
+
+    A usage error prints one usage line before its message rather than the ~45 lines listing every option, which
+    buried the message; ``--help`` still lists them all.
+    """
 
     def __init__(self, *args: Any, formatter_class: type = _HelpFormatter, **kwargs: Any) -> None:
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+    def print_usage(self, file: Any = None) -> None:
+        print(f"usage: {self.prog.replace(' [options]', '')} [options]", file=file or sys.stdout)
+
+
+#: Lightning's loggers, which ``--trainer.logger`` accepts by their bare class name as LightningCLI does
+LIGHTNING_LOGGERS = ("CSVLogger", "CometLogger", "MLFlowLogger", "NeptuneLogger", "TensorBoardLogger", "WandbLogger")
+
+
+def _full_logger_names(args: list[str]) -> list[str]:
+    """``args`` with a bare Lightning logger name given to ``--trainer.logger`` (``TensorBoardLogger``) written as its
+    ``lightning.pytorch.loggers`` class path: with both Lightning packages imported, the bare name is ambiguous.
+
+    >>> _full_logger_names(["--trainer.logger=CSVLogger", "--trainer.logger+", "CSVLogger", "--x=CSVLogger"])[:2]
+    ['--trainer.logger=lightning.pytorch.loggers.CSVLogger', '--trainer.logger+']
+    >>> _full_logger_names(["--trainer.logger+", "CSVLogger", "--x=CSVLogger"])[1:]
+    ['lightning.pytorch.loggers.CSVLogger', '--x=CSVLogger']
+    """
+    out = list(args)
+    for i, arg in enumerate(out):
+        flag, equals, value = arg.partition("=")
+        if equals and flag in ("--trainer.logger", "--trainer.logger+") and value in LIGHTNING_LOGGERS:
+            out[i] = f"{flag}=lightning.pytorch.loggers.{value}"
+        elif i and out[i - 1] in ("--trainer.logger", "--trainer.logger+") and arg in LIGHTNING_LOGGERS:
+            out[i] = f"lightning.pytorch.loggers.{arg}"
+    return out
 
 
 def _subcommand_parser(description: str) -> ArgumentParser:
@@ -259,7 +289,7 @@ def run(args: list[str] | None = None) -> dict[str, float]:
 
     check_config_files(sys.argv[1:] if args is None else args)
     parser = build_parser()
-    args = list(sys.argv[1:] if args is None else args)
+    args = _full_logger_names(list(sys.argv[1:] if args is None else args))
     with tempfile.TemporaryDirectory(prefix="fedlight-config-") as folder:
         cfg = parser.parse_args(with_checkpoint_config(args, Path(folder), SUBCOMMANDS))
     name = cfg.subcommand
@@ -300,7 +330,7 @@ def check_config_files(args: list[str]) -> None:
     YAML or not a mapping, naming the file and the line, before the parser reports it without either."""
     files = [Path(a.split("=", 1)[1]) for a in args if a.startswith("--config=")]
     files += [Path(b) for a, b in itertools.pairwise(args) if a in ("--config", "-c")]
-    problems, seen = [], set()
+    problems, seen, chosen = [], set(), {}
     while files:
         path = files.pop()
         if path in seen:
@@ -321,11 +351,33 @@ def check_config_files(args: list[str]) -> None:
         elif not isinstance(content, dict):
             problems.append(f"--config {path} holds a {type(content).__name__}, not 'key: value' settings.")
         else:  # the files it builds on, where they exist (a missing one is reported by the stacking)
+            chosen[path] = content
             bases = content.get("config")
             bases = [bases] if isinstance(bases, str) else bases if isinstance(bases, list) else []
             files += [path.parent / base for base in bases if (path.parent / base).is_file()]
     if problems:
         raise ConfigError(*problems)
+    _check_model_chosen(args, chosen)
+
+
+def _check_model_chosen(args: list[str], chosen: dict[Path, dict[str, Any]]) -> None:
+    """Refuses a command whose config files and flags choose no client module (``model``) — an add-on file given
+    alone — naming the file and, where its header shows one, the command that stacks it on a row."""
+    if not chosen or any(arg.startswith(("--model", "--ckpt_path", "--print_config", "-h", "--help")) for arg in args):
+        return
+    if any("model" in content or any(key.startswith("model.") for key in content) for content in chosen.values()):
+        return
+    named = ", ".join(str(path) for path in chosen)
+    example = ""
+    for path in chosen:
+        for line in path.read_text().splitlines():
+            if line.startswith("#") and "fedlight fit --config" in line:
+                example = f" As its header shows: {line.lstrip('# ').strip()}"
+                break
+    raise ConfigError(
+        f"No client module: --config {named} and the flags set no 'model'. Such a file changes a row config: give the "
+        f"row's --config first and this one after it, or set --model.{example}"
+    )
 
 
 def _note_row_changes(parser: ArgumentParser, cfg: Namespace, name: str, args: list[str]) -> None:

@@ -93,7 +93,9 @@ def test_a_shared_parser_parses_as_a_fresh_one(parser):
     args = ["fit", "--config", SYNTHETIC, "--config", str(REPO / "conf/fedproto/analysis.yaml")]
     fresh = build_parser()
     expected = fresh.dump(fresh.parse_args(args))
-    others = [next((REPO / "conf" / room).rglob("*.yaml")) for room in ("digits", "fedsls", "ladd", "robust")]
+    rooms = [(REPO / "conf" / room).rglob("*.yaml") for room in ("digits", "fedsls", "ladd", "robust")]
+    # a row of each room, not an add-on stacked after one
+    others = [next(p for p in room if {"model", "config"} & yaml.safe_load(p.read_text()).keys()) for room in rooms]
     for other in others:
         parser.instantiate(parser.parse_args(["fit", "--config", str(other)]))
     assert parser.dump(parser.parse_args(args)) == expected
@@ -321,6 +323,35 @@ def test_a_broken_base_file_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["fit", f"--config={tmp_path / 'row.yaml'}"])
     assert f"--config {tmp_path / 'base.yaml'} is not valid YAML at line 2" in capsys.readouterr().err
+
+
+def test_an_add_on_file_alone_names_the_command_that_stacks_it_on_a_row(capsys):
+    add_on = REPO / "conf/fedproto/mnist_subset.yaml"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(add_on)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"No client module: --config {add_on} and the flags set no 'model'" in err
+    assert "As its header shows: fedlight fit --config conf/fedproto/mnist/fedproto_delta50.yaml --config " in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_lightning_logger_by_its_bare_name_is_lightning_pytorch_s(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        run(["fit", "--config", SYNTHETIC, "--trainer.logger+=TensorBoardLogger",
+             f"--trainer.logger.save_dir={tmp_path}", "--print_config"])  # fmt: skip
+    loggers = yaml.safe_load(capsys.readouterr().out)["trainer"]["logger"]
+    assert loggers[-1]["class_path"] == "lightning.pytorch.loggers.TensorBoardLogger"
+    assert loggers[-1]["init_args"]["save_dir"] == str(tmp_path)
+
+
+def test_a_usage_error_is_short(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", SYNTHETIC, "--trainer.rounds=many"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: fedlight") and "--trainer.clients_per_round" not in err
+    assert 'Parser key "trainer.rounds"' in err and len(err.splitlines()) < 12
 
 
 def test_unknown_strategy_is_a_usage_error(capsys):
