@@ -59,21 +59,40 @@ def network_timeout() -> Iterator[None]:
         socket.setdefaulttimeout(previous)
 
 
+#: the lock file a download holds in its target folder while it runs
+LOCK_FILE = ".fedlight-download.lock"
+
+
 @contextlib.contextmanager
 def download_lock(folder: str | Path) -> Iterator[None]:
-    """Holds ``<folder>/.fedlight-download.lock`` exclusively (POSIX ``flock``; no lock where there is none)."""
+    """Holds ``<folder>/.fedlight-download.lock`` exclusively (POSIX ``flock``; no lock where there is none), and
+    removes it when done.
+
+    The holder deletes the file before it unlocks, so a process that was waiting on it wakes up holding a file no
+    longer in the folder: it notices (the path's inode is not its file's) and locks the path anew.
+    """
     try:
         import fcntl
     except ImportError:  # Windows: one process per download is the user's to ensure
         yield
         return
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    with open(Path(folder) / ".fedlight-download.lock", "w") as handle:
+    path = Path(folder) / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        handle = open(path, "a")  # noqa: SIM115 (held across the yield)
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        handle.close()
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
 
 
 def fetch_archive(
@@ -249,6 +268,17 @@ def normalised_path(path: str) -> str:
 
 
 def _first_line(error: BaseException) -> str:
-    """The error's message on one line (torchvision's list every mirror tried on lines of their own)."""
+    r"""The error's message on one line (torchvision's list every mirror tried on lines of their own, and a mirror
+    whose error had no message leaves its ``got:`` empty).
+
+    >>> _first_line(RuntimeError("Error downloading t.gz:\nTried https://a/, got:\nno route\nTried http://b/, got:\n"))
+    'Error downloading t.gz: Tried https://a/, got: no route; Tried http://b/, got: an error without a message'
+    """
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return " ".join(lines[:4]) or type(error).__name__
+    lines.append("")
+    for i, line in enumerate(lines[:-1]):
+        if line.endswith("got:") and (not lines[i + 1] or lines[i + 1].startswith("Tried ")):
+            lines[i] += " an error without a message"
+        if line.startswith("Tried ") and i > 1:
+            lines[i - 1] += ";"
+    return " ".join(line for line in lines[:6] if line) or type(error).__name__

@@ -33,7 +33,7 @@ import fedlight.data.datasets.cinic10 as cinic10_module
 import fedlight.data.datasets.voc_download as voc_download
 from fedlight.data import CIFAR10, CINIC10, FEMNIST, MNIST, PascalVOC, TinyImageNet
 from fedlight.data.datasets.cinic10 import CLASSES
-from fedlight.data.datasets.download import fetch_archive
+from fedlight.data.datasets.download import LOCK_FILE, fetch_archive
 from fedlight.errors import ConfigError
 
 
@@ -118,6 +118,7 @@ def test_processes_of_one_run_download_each_file_once(tmp_path, server, monkeypa
     with ThreadPoolExecutor(max_workers=3) as pool:  # the lock is per open file, so threads contend like processes
         pools = list(pool.map(load, range(3)))
     assert sorted(_QuietHandler.requests) == alone, "three at once ask for what one alone does"
+    assert not list((tmp_path / "together").rglob(LOCK_FILE)), "the last one out removes the lock"
     for inputs in pools:
         torch.testing.assert_close(inputs[:, 0], torch.from_numpy(images).float() / 255)
 
@@ -130,6 +131,19 @@ def test_mnist_download_failure_names_the_mirror_and_the_folder(tmp_path, closed
     message = str(error.value)
     assert "Could not download MNIST" in message and closed_port in message
     assert str(root / "MNIST" / "raw") in message and "download=false" in message
+    assert not list(root.rglob(LOCK_FILE)), "a failed download leaves no lock file behind"
+
+
+def test_each_mirror_tried_is_named_with_its_own_error(tmp_path, closed_port, server, monkeypatch) -> None:
+    _, empty = server  # answers 404: it serves nothing
+    monkeypatch.setattr(TorchvisionMNIST, "mirrors", [closed_port, empty])
+    with pytest.raises(ConfigError) as error:
+        MNIST(root=str(tmp_path / "data"), download=True).load_train()
+    first = str(error.value).splitlines()[0]
+    tried = first.split("Tried ")[1:]
+    assert [part.split(",")[0] for part in tried] == [closed_port, empty]
+    for part in tried:  # every "got:" says something
+        assert part.split("got:")[1].strip(" ;).")
 
 
 def test_a_wrong_checksum_is_a_failed_download(tmp_path, server, monkeypatch) -> None:
