@@ -14,6 +14,9 @@ from fedlight.data.datasets.npz import NpzDataset
 from fedlight.errors import ConfigError
 from fedlight.strategies.functional import server_momentum
 
+# trainers built without a default_root_dir write into the test's own runs/
+pytestmark = pytest.mark.usefixtures("runs_in_tmp")
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -12,6 +12,9 @@ from fedlight.state import FlatState
 from fedlight.strategies import FedAvg, FedProx
 from fedlight.testing import ClientImages
 
+# trainers built without a default_root_dir write into the test's own runs/
+pytestmark = pytest.mark.usefixtures("runs_in_tmp")
+
 # Summation order inside a batched matrix product differs from K separate ones. In fp32 an ulp of
 # difference per step compounds through small-batch SGD over a run (measured: 4e-4 after 5 rounds of 5
 # epochs), so equivalence is checked where rounding cannot hide a wrong step: one local step in fp32, and

@@ -6,6 +6,8 @@ wrong step, and in fp32 within a tolerance that a wrong step (a missed proximal 
 by orders of magnitude.
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -14,6 +16,9 @@ from fedlight.data import FederatedDataModule
 from fedlight.engine.trainer import FederatedTrainer
 from fedlight.strategies import SCAFFOLD, FedAvg, FedDyn, FedProx
 from fedlight.testing import ClientImages
+
+# trainers built without a default_root_dir write into the test's own runs/
+pytestmark = pytest.mark.usefixtures("runs_in_tmp")
 
 FP64_ATOL = 1e-9
 FP32_ATOL = 1e-6  # measured 1.5e-8 after 2 rounds of the MLP
@@ -69,7 +74,15 @@ def test_an_unknown_compile_mode_is_refused_naming_the_flag(capsys):
     from fedlight.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", "conf/digits/fedavg.yaml", "--trainer.compile_steps=fastest", "--print_config"])
+        main(
+            [
+                "fit",
+                "--config",
+                str(Path(__file__).resolve().parents[2] / "conf/digits/fedavg.yaml"),
+                "--trainer.compile_steps=fastest",
+                "--print_config",
+            ]
+        )
     assert exit_info.value.code != 0
     assert "compile_steps" in capsys.readouterr().err
 

@@ -17,6 +17,9 @@ from fedlight.state import FlatState
 from fedlight.strategies import FedAvg
 from fedlight.testing import Kill, KillAfterRound, ScalarClient, ScalarDataset
 
+# trainers built without a default_root_dir write into the test's own runs/
+pytestmark = pytest.mark.usefixtures("runs_in_tmp")
+
 
 def synthetic_data():
     return FederatedDataModule(Synthetic(num_clients=8, dim=12, seed=1), batch_size=10)

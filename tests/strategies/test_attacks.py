@@ -18,6 +18,9 @@ from fedlight.errors import ConfigError
 from fedlight.strategies import Attack, FedAvg, RobustAggregation
 from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
 
+# trainers built without a default_root_dir write into the test's own runs/
+pytestmark = pytest.mark.usefixtures("runs_in_tmp")
+
 SIZES, VALUES = [4, 6, 8, 10, 12], [1.0, 2.0, 3.0, 4.0, 5.0]
 N = np.array([2, 3, 4, 5, 6], dtype=float)  # n_k = int(0.5·size)
 

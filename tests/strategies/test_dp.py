@@ -19,6 +19,9 @@ from fedlight.strategies import DPFedAvg, FedProx
 from fedlight.strategies.dp import dp_epsilon
 from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
 
+# trainers built without a default_root_dir write into the test's own runs/
+pytestmark = pytest.mark.usefixtures("runs_in_tmp")
+
 SIZES, VALUES = [4, 6, 8], [10.0, -20.0, 0.5]
 
 

@@ -11,6 +11,9 @@ from fedlight.engine.trainer import FederatedTrainer
 from fedlight.strategies import FedAvg
 from fedlight.testing import ScalarClient, ScalarDataset
 
+# trainers built without a default_root_dir write into the test's own runs/
+pytestmark = pytest.mark.usefixtures("runs_in_tmp")
+
 
 def run(sizes, values, strategy=None, rounds=1, **trainer_kwargs):
     # test_fraction 0.5: client k trains on int(0.5·size) samples, all with target values[k].

@@ -13,6 +13,9 @@ from fedlight.engine.trainer import FederatedTrainer
 from fedlight.strategies import Attack, FedAvg
 from fedlight.testing import ClientImages
 
+# trainers built without a default_root_dir write into the test's own runs/
+pytestmark = pytest.mark.usefixtures("runs_in_tmp")
+
 PERMUTATION = torch.tensor([2, 0, 1])  # y ← π(y), C = 3
 SIZES, SEEDS = [12, 17, 9], [3, 4, 5]
 
