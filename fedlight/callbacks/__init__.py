@@ -6,6 +6,7 @@ from fedlight.callbacks.base import CallbackFailed, RoundCallback
 from fedlight.callbacks.entropy_maps import EntropyMaps
 from fedlight.callbacks.feature_discrepancy import FeatureDiscrepancy
 from fedlight.callbacks.gradient_dissimilarity import GradientDissimilarity
+from fedlight.callbacks.latent_saliency import LatentSaliency
 from fedlight.callbacks.partition_summary import PartitionSummary
 from fedlight.callbacks.per_image_scores import PerImageScores
 from fedlight.callbacks.tsne import FeatureTSNE
@@ -18,6 +19,7 @@ __all__ = [
     "FeatureDiscrepancy",
     "FeatureTSNE",
     "GradientDissimilarity",
+    "LatentSaliency",
     "PartitionSummary",
     "PerImageScores",
     "RoundCallback",

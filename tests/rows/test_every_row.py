@@ -36,6 +36,7 @@ ADD_ONS = {
     "batched_clients.yaml": "fedproto/synthetic/fedavg_delta0.yaml",
     "two_cpu_processes.yaml": "digits/fedavg.yaml",
     "mnist_subset.yaml": "fedproto/mnist/fedavg_delta0.yaml",
+    "latent_analysis.yaml": "fedsls/cifar10/fedsls_alpha0.5.yaml",
 }
 
 

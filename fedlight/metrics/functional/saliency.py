@@ -18,7 +18,8 @@ G_l and Ḡ_l exist one layer at a time; the activations are those autograd keep
 is a running sum over batches (:func:`saliency_norms` per batch, summed by the caller).
 
 FedSL, the paper's ablation, replaces the saliency maps by "vanilla latents": the image downsampled by
-a factor f and averaged over its channels (:func:`vanilla_latent_norms`).
+a factor f and averaged over its channels (:func:`vanilla_latent_norms`). :func:`saliency_map` and
+:func:`vanilla_latent` keep the maps themselves, for the paper's comparison of both with the images (Sec. 4.3).
 """
 
 from __future__ import annotations
@@ -74,6 +75,61 @@ def guided_relus(model: nn.Module) -> Iterator[int]:
             handle.remove()
 
 
+def channel_mean_saliency(grad: torch.Tensor, activation: torch.Tensor) -> torch.Tensor:
+    """Ḡ_l = mean_c (∂Y/∂F_l ⊙ ReLU(F_l)) (Eqs. 4–5) of ``[B, C_l, H_l, W_l]`` gradients and outputs, in float32.
+
+    >>> channel_mean_saliency(torch.ones(1, 2, 1, 2), torch.tensor([[[[1.0, -1.0]], [[3.0, 2.0]]]])).tolist()
+    [[[2.0, 1.0]]]
+    """
+    return (grad.float() * activation.float().relu()).mean(dim=1)  # [B, H_l, W_l]
+
+
+def saliency_map(
+    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, layer: int = 1, guided: bool = True
+) -> torch.Tensor:
+    """Ḡ_{i,l} of every image of a batch at the ``layer``-th ``nn.Conv2d`` call of ``model`` (1: the first).
+
+    The map whose norm :func:`saliency_norms` takes, kept whole: the FedSLS paper's latent-space analysis
+    (Sec. 4.3) compares the map of the first layer with the image. Run it in eval mode, as
+    :func:`saliency_norms`.
+
+    Args:
+        model: a network whose ``forward`` returns ``[B, num_classes]`` logits.
+        inputs: ``[B, ...]`` images.
+        targets: ``[B]`` ground-truth classes; Y_i is logit ``targets[i]`` of image i.
+        layer: l, counted from 1 in forward-execution order.
+        guided: guided backpropagation through ReLUs (the paper's); ``false`` uses plain gradients.
+
+    Returns:
+        ``[B, H_l, W_l]`` float32 maps, detached.
+
+    The 1×1 convolution of :func:`saliency_norms`'s example: Ḡ = (2, 0).
+
+    >>> net = nn.Sequential(nn.Conv2d(1, 1, 1, bias=False), nn.Flatten(), nn.Linear(2, 1, bias=False))
+    >>> _ = net[0].weight.data.fill_(2.0), net[2].weight.data.fill_(1.0)
+    >>> saliency_map(net, torch.tensor([[[[1.0, -1.0]]]]), torch.tensor([0])).tolist()
+    [[[2.0, 0.0]]]
+    """
+    assert layer >= 1, f"layers are counted from 1, got {layer}"
+    outputs: list[torch.Tensor] = []  # F_l of every convolution call, in forward order
+
+    def record(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        outputs.append(output)
+
+    convolutions = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    handles = [conv.register_forward_hook(record) for conv in convolutions]
+    try:
+        with torch.enable_grad(), guided_relus(model) if guided else contextlib.nullcontext():
+            logits = model(inputs)  # [B, num_classes]
+            assert len(outputs) >= layer, f"{type(model).__name__} calls {len(outputs)} convolution(s), not {layer}"
+            score = logits.gather(1, targets.view(-1, 1).long()).sum()  # Σ_i Y_i: images do not interact in eval
+            (grad,) = torch.autograd.grad(score, outputs[layer - 1])  # ∂Y/∂F_l, [B, C_l, H_l, W_l]
+    finally:
+        for handle in handles:
+            handle.remove()
+    return channel_mean_saliency(grad, outputs[layer - 1].detach())
+
+
 def saliency_norms(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, guided: bool = True) -> torch.Tensor:
     """N_{i,l} of every image of a batch at every ``nn.Conv2d`` of ``model``, in forward-execution order.
 
@@ -115,7 +171,7 @@ def saliency_norms(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
                 f"convolution {position} ({module}) had its output modified in place before backpropagation; "
                 "the saliency needs ReLU(F) of the unmodified output"
             )
-            saliency = (grad.float() * activation.detach().float().relu()).mean(dim=1)  # Ḡ_l, [B, H_l, W_l]
+            saliency = channel_mean_saliency(grad, activation.detach())  # Ḡ_l, [B, H_l, W_l]
             norms[position] = torch.linalg.vector_norm(saliency.flatten(1), dim=1)  # N_l, [B]
             if position > 0:
                 outputs[position] = None  # not needed any more (the first one is the backward's target)
@@ -155,6 +211,18 @@ def vanilla_latent_norms(inputs: torch.Tensor, factor: int) -> torch.Tensor:
     >>> vanilla_latent_norms(torch.full((1, 3, 4, 4), 255, dtype=torch.uint8), 2).tolist()  # 2×2 ones: norm 2
     [2.0]
     """
-    images = inputs.float() / 255.0 if inputs.dtype == torch.uint8 else inputs.float()
-    latents = F.avg_pool2d(images, kernel_size=factor).mean(dim=1)  # [B, H/f, W/f]
+    latents = vanilla_latent(inputs, factor)  # [B, H/f, W/f]
     return torch.linalg.vector_norm(latents.flatten(1), dim=1)
+
+
+def vanilla_latent(inputs: torch.Tensor, factor: int) -> torch.Tensor:
+    """FedSL's vanilla latent mean_c AvgPool_f(x): ``[B, C, H, W]`` images → ``[B, H/f, W/f]`` float32 maps.
+
+    uint8 images are scaled to [0, 1] first; floating-point inputs are used as they are. H and W are cut to
+    multiples of f.
+
+    >>> vanilla_latent(torch.arange(8.0).view(1, 2, 2, 2), 2).tolist()  # the mean of 0…7
+    [[[3.5]]]
+    """
+    images = inputs.float() / 255.0 if inputs.dtype == torch.uint8 else inputs.float()
+    return F.avg_pool2d(images, kernel_size=factor).mean(dim=1)
