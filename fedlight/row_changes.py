@@ -19,7 +19,10 @@ from typing import Any
 #: the folders of ``conf/`` that hold the papers' rows
 PAPERS = ("fedproto", "fedsls", "fuss", "ladd")
 #: folders of a paper's rows that are offline twins of the paper's experiments, not its setting
-TWINS = (("fuss", "twin"), ("ladd", "twin"), ("fedproto", "scenes"), ("fedproto", "scenes_macro"))
+TWINS = (
+    ("fuss", "twin"), ("fuss", "twin_cocostuff"), ("ladd", "twin"),
+    ("fedproto", "scenes"), ("fedproto", "scenes_macro"),
+)  # fmt: skip
 #: rows that reproduce a paper's released code rather than the paper
 RELEASED_CODE = "released_code"
 

@@ -28,8 +28,11 @@ def test_every_cell_of_tables_2_to_4_has_a_config():
         for m in ("fedavg", "kmeans", "maximin")
         for x in modes
     }
-    assert table2 | table3 | table4 <= found
-    assert not {p for p in found - table2 - table3 - table4 if not p.startswith("twin/")}
+    table4 |= {f"cityscapes/ma{n}/table4/local_only.yaml" for n in (3, 6, 18)}
+    centralized = {"cityscapes/centralized.yaml", "cocostuff/centralized.yaml"}  # Tables 2 and 3
+    assert table2 | table3 | table4 | centralized <= found
+    cells = table2 | table3 | table4 | centralized
+    assert not {p for p in found - cells if not p.startswith(("twin/", "twin_cocostuff/"))}
 
 
 @pytest.mark.parametrize(
@@ -90,3 +93,23 @@ def test_table_4_modes_without_tta(suffix, weighting, aggregated):
     args = config["strategy"]["init_args"]
     assert (args["centroids"], args["weighting"], args["aggregated"]) == ("kmeans", weighting, aggregated)
     assert config["trainer"]["clients_per_round"] == 6
+
+
+@pytest.mark.parametrize(
+    ("path", "batch_size"), [("cityscapes/centralized.yaml", 8), ("cocostuff/centralized.yaml", 16)]
+)
+def test_centralized_rows_train_one_model_as_long_as_the_released_trainer(path, batch_size):
+    config = resolved(CONF / path)
+    assert config["data"]["centralized"] is True
+    assert (config["trainer"]["rounds"], config["trainer"]["clients_per_round"]) == (1, 1)
+    assert config["trainer"]["local_steps"] == 8334  # max_steps 25000 counted over three optimisers: ⌈25000 / 3⌉
+    assert config["data"]["batch_size"] == batch_size
+    assert config["model"]["init_args"]["crf"] is True and config["model"]["init_args"]["flip_tta"] is True
+
+
+@pytest.mark.parametrize("clients", [3, 6, 18])
+def test_local_only_rows_never_aggregate_and_score_without_crf(clients):
+    config = resolved(CONF / f"cityscapes/ma{clients}/table4/local_only.yaml")
+    assert config["strategy"]["class_path"] == "fedlight.strategies.LocalOnly"
+    assert config["trainer"]["clients_per_round"] == clients and config["trainer"]["rounds"] == 10
+    assert config["model"]["init_args"]["crf"] is False and config["model"]["init_args"]["flip_tta"] is False

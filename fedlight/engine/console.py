@@ -25,7 +25,8 @@ T = TypeVar("T")
 #: cluster models (LADD) reports the routed scores, so they sit right after the global model's.
 SHOWN = (
     "train/loss", "test/acc", "test/miou", "test/routed/acc", "test/routed/miou", "test/loss", "clients/acc",
-    "clients/miou", "clients/routed/miou", "clients/personal/acc", "clients/personal/miou",
+    "clients/miou", "clients/routed/miou", "clients/personal/acc", "clients/personal/miou", "test/personal/acc",
+    "test/personal/miou",
 )  # fmt: skip
 #: The few of them a progress bar has room for.
 SHOWN_ON_BAR = ("train/loss", "test/acc", "test/miou", "test/routed/miou")

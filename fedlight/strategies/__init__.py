@@ -25,6 +25,7 @@ from fedlight.strategies.fedrep import FedRep
 from fedlight.strategies.fedsl import FedSL
 from fedlight.strategies.fedsls import FedSLS
 from fedlight.strategies.ladd import LADD
+from fedlight.strategies.local_only import LocalOnly
 from fedlight.strategies.moon import MOON
 from fedlight.strategies.robust import RobustAggregation
 from fedlight.strategies.scaffold import SCAFFOLD
@@ -62,6 +63,7 @@ __all__ = [
     "FedSL",
     "FedSLS",
     "FedYogi",
+    "LocalOnly",
     "RobustAggregation",
     "RuleWrapper",
     "Strategy",

@@ -120,6 +120,9 @@ class Strategy:
     routed_splits: tuple[str, ...] = ()
     #: Each client has a model of its own (:meth:`personal_state`), scored on its held-out split (``clients/personal``).
     personalised: bool = False
+    #: Each client's own model is also scored alone on the global test set, and ``test/personal`` is the mean of
+    #: the clients' scores (a Local-only row's number).
+    personal_test: bool = False
     #: The rule's paper settings, used where the constructor gets ``None``.
     default_tolerate_stragglers: bool = False
     default_sampling: Literal["proportional", "uniform"] = "proportional"
