@@ -167,3 +167,17 @@ def test_adaptive_clipping_with_too_little_count_noise_is_refused_before_the_run
             strategy,
         )
     assert not list(tmp_path.rglob("version_*"))
+
+
+def test_a_network_that_does_not_fit_the_data_is_refused_at_set_up(tmp_path, capsys):
+    from fedlight.cli import main
+
+    config = REPO / "conf" / "digits" / "fedavg.yaml"  # 1×8×8 grey digits; torchvision's ResNet wants 3 channels
+    flags = [f"--trainer.default_root_dir={tmp_path}", "--model.init_args.model=torchvision.models.resnet18"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), *flags])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "--model's network (ResNet) cannot take --data's training inputs" in err
+    assert "shape (1, 8, 8)" in err and "expected input[2, 1, 8, 8] to have 3 channels" in err
+    assert not list(tmp_path.iterdir()), "refused before the run folder exists"

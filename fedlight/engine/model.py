@@ -237,3 +237,34 @@ def _input_dtype_problems(model: FederatedClient, datamodule: FederatedDataModul
         "of --model cannot take: it expects floating-point inputs. Choose a network that standardises uint8 "
         "images itself (resnet18, resnet50), or a dataset that gives floats."
     ]
+
+
+def probe_forward(model: FederatedClient, datamodule: FederatedDataModule, fabric: Any) -> None:
+    """Evaluates the module on two training inputs of the first client that has any, at set-up.
+
+    A network that does not fit the data (an ImageNet ResNet on 1×8×8 digits, three input channels for grey
+    images) would otherwise fail in every client of round 1, after the run folder exists. The pass runs in eval
+    mode without gradients, on the run's device and precision, through ``validation_step``; it draws no random
+    number of the run's and leaves the weights and normalisation statistics as they were.
+    """
+    client = next((k for k in range(datamodule.num_clients) if len(datamodule.client_train[k])), None)
+    if client is None:
+        return
+    x, y = next(datamodule.train_batches(client, torch.Generator().manual_seed(0)))[:2]
+    batch = (x[:2], y[:2], torch.zeros(len(x[:2]), dtype=torch.int64, device=x.device))
+    precision, training = fabric.strategy.precision, model.training
+    model.eval()
+    try:
+        with torch.no_grad(), precision.forward_context():
+            model.validation_step(precision.convert_input(batch), 0)
+    except (RuntimeError, ValueError, IndexError) as err:
+        net = getattr(model, "net", model)
+        detail = " ".join(str(err).split())[:300]
+        raise ConfigError(
+            f"--model's network ({type(net).__name__}) cannot take --data's training inputs: one forward pass of "
+            f"two of client {client}'s inputs, shape {tuple(x.shape[1:])} ({x.dtype}), failed at set-up with "
+            f"{type(err).__name__}: {detail}. Choose a network for inputs of that shape (fedlight's registered "
+            "networks adapt to --data's input_shape), or change the data's image size."
+        ) from err
+    finally:
+        model.train(training)

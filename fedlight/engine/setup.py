@@ -40,7 +40,7 @@ from fedlight.engine.guards import FailureGuards
 from fedlight.engine.launch import Ranks, missing_launcher, resolve_threads
 from fedlight.engine.local_fit import LocalTraining
 from fedlight.engine.loggers import RunLoggers, wandb_login_problems
-from fedlight.engine.model import GlobalModel, load_outside_weights, prepare_module, trains_batchnorm
+from fedlight.engine.model import GlobalModel, load_outside_weights, prepare_module, probe_forward, trains_batchnorm
 from fedlight.engine.personal import PersonalEvaluator
 from fedlight.engine.run_state import RunProgress, check_checkpoint, python_config
 from fedlight.engine.rundir import RunFolder, check_root, recorded_run_dir
@@ -213,6 +213,7 @@ class RunInputs:
             data.min_last_batch = 2  # an epoch's last batch of one sample is left out rather than failing its client
         if not evaluating:
             check_round_size(strategy, loop.clients_per_round, loop.straggler_fraction)
+            probe_forward(module.module, data, fabric)
         return cls(module, data, strategy, config, described, fingerprint)
 
     @classmethod
