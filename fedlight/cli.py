@@ -320,7 +320,7 @@ def run(args: list[str] | None = None) -> dict[str, float]:
         objects = parser.instantiate(cfg)[name]
     except (ValueError, ImportError) as err:
         # jsonargparse wraps errors raised by constructors; surface ours as they were written.
-        raise _config_error_in(err) or _missing_package_in(err) or err from None
+        raise _config_error_in(err) or _missing_package_in(err) or _mlflow_file_store_in(err) or err from None
     method = getattr(objects.trainer, name)
     return method(objects.model, objects.data, objects.strategy, ckpt_path=sub_cfg.ckpt_path, config=resolved)
 
@@ -468,6 +468,19 @@ def _missing_package_in(err: BaseException) -> ConfigError | None:
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return None
+
+
+def _mlflow_file_store_in(err: BaseException) -> ConfigError | None:
+    """A :class:`ConfigError` for MLflow's refusal of a ``file:`` store (MLflow 3 opens one only when
+    ``MLFLOW_ALLOW_FILE_STORE`` is set), which jsonargparse reports inside a 40-line union error."""
+    if "MLFLOW_ALLOW_FILE_STORE" not in str(err):
+        return None
+    return ConfigError(
+        "--trainer.logger MLFlowLogger: this MLflow refuses a file store (a tracking_uri of file:… or none, which "
+        "means ./mlruns) unless MLFLOW_ALLOW_FILE_STORE=true is set. Fix: give it a database file, "
+        "init_args: {tracking_uri: sqlite:///mlruns.db}, or a tracking server's URL; or export "
+        "MLFLOW_ALLOW_FILE_STORE=true to keep the file store."
+    )
 
 
 def _close_process_group() -> None:

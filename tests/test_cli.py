@@ -14,6 +14,7 @@ import wandb
 import yaml
 
 from fedlight import checkpoint as ckpt_io
+from fedlight import cli
 from fedlight.cli import build_parser, main, run
 from fedlight.errors import ConfigError
 from fedlight.models import list_models, registry
@@ -646,3 +647,21 @@ def test_a_dict_entry_set_to_null_by_a_flag_is_none(parser):
     cfg = parser.parse_args(args)["fit"]
     _restore_nulls(cfg, args)
     assert cfg.model.init_args.model_kwargs["encoder_weights"] == "imagenet"
+
+
+def test_mlflow_s_refusal_of_a_file_store_is_one_message_with_the_fix(tmp_path, monkeypatch, capsys):
+    # what jsonargparse raises when MLFlowLogger's constructor refuses (MLflow 3.x's own words, abridged)
+    refusal = ValueError(
+        "Does not validate against any of the Union subtypes\n  - The filesystem tracking backend (e.g., './mlruns') "
+        "is in maintenance mode [...] set `MLFLOW_ALLOW_FILE_STORE=true` to opt out of this exception."
+    )
+
+    def instantiate(self, cfg):
+        raise refusal
+
+    monkeypatch.setattr(cli.ArgumentParser, "instantiate", instantiate)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", SYNTHETIC, f"--trainer.default_root_dir={tmp_path}"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "MLFLOW_ALLOW_FILE_STORE=true" in err and "tracking_uri: sqlite:///mlruns.db" in err
