@@ -3,12 +3,14 @@
 On a terminal, progress is tqdm's bars over rounds and over the clients of a round. Anywhere else (a CI log,
 a SLURM output file, ``--trainer.enable_progress_bar=false``) bars would write carriage returns and escape
 codes, one line per client; instead one plain line is printed every round (every ⌈T/50⌉ rounds for longer
-runs, and always for the last). Only rank 0 prints.
+runs, and always for the last). A pseudo-terminal that reports no size (``script`` without a terminal, some CI
+runners) counts as no terminal: tqdm draws nothing at zero columns. Only rank 0 prints.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -51,6 +53,14 @@ def counted(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
+def drawable(stream: TextIO) -> bool:
+    """Whether progress bars can be drawn on ``stream``: a terminal that reports a width."""
+    try:
+        return stream.isatty() and os.get_terminal_size(stream.fileno()).columns > 0
+    except (OSError, ValueError, AttributeError):  # closed, or a stand-in without a file descriptor
+        return False
+
+
 class RunConsole:
     """Prints a run's start, progress and end.
 
@@ -66,7 +76,7 @@ class RunConsole:
     ) -> None:
         self.enabled = enabled
         self.out = out or sys.stdout
-        terminal = sys.stderr.isatty() if terminal is None else terminal
+        terminal = drawable(sys.stderr) if terminal is None else terminal
         self.bars = enabled and progress_bar and terminal
         self._bar: Any = None
         self._started = time.perf_counter()

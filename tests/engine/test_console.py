@@ -35,3 +35,24 @@ def test_a_run_without_routing_shows_no_routed_metrics():
     plain = {key: value for key, value in LADD_ROUND.items() if "/routed/" not in key}
     RunConsole(enabled=True, progress_bar=False, out=out).round_end(0, 1, plain)
     assert "routed" not in out.getvalue() and "test/miou 0.3125" in out.getvalue()
+
+
+def test_a_pseudo_terminal_without_a_size_gets_plain_lines_and_one_with_a_size_gets_bars():
+    import fcntl
+    import os
+    import struct
+    import termios
+
+    from fedlight.engine.console import drawable
+
+    leader, follower = os.openpty()  # a new pseudo-terminal reports 0 rows and 0 columns, as `script` gives one
+    try:
+        with open(follower, "w", closefd=False) as stream:
+            assert stream.isatty() and os.get_terminal_size(follower).columns == 0
+            assert not drawable(stream)
+            fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+            assert drawable(stream)
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert not drawable(io.StringIO())
