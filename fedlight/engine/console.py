@@ -24,11 +24,12 @@ from fedlight.context import due
 T = TypeVar("T")
 
 #: Metrics shown in round lines and the summary, in this order, when the run has them. A rule that routes samples to
-#: cluster models (LADD) reports the routed scores, so they sit right after the global model's.
+#: cluster models (LADD) reports the routed scores, so they sit right after the global model's; a differentially
+#: private rule's ε so far closes the line.
 SHOWN = (
     "train/loss", "test/acc", "test/miou", "test/routed/acc", "test/routed/miou", "test/loss", "clients/acc",
     "clients/miou", "clients/routed/miou", "clients/personal/acc", "clients/personal/miou", "test/personal/acc",
-    "test/personal/miou",
+    "test/personal/miou", "dp/epsilon",
 )  # fmt: skip
 #: The few of them a progress bar has room for.
 SHOWN_ON_BAR = ("train/loss", "test/acc", "test/miou", "test/routed/miou")

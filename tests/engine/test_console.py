@@ -56,3 +56,11 @@ def test_a_pseudo_terminal_without_a_size_gets_plain_lines_and_one_with_a_size_g
         os.close(leader)
         os.close(follower)
     assert not drawable(io.StringIO())
+
+
+def test_a_private_run_s_round_line_ends_with_its_epsilon_so_far():
+    out = io.StringIO()
+    metrics = {"train/loss": 0.5, "test/acc": 0.75, "dp/epsilon": 1.234, "dp/noise_multiplier": 1.1}
+    RunConsole(enabled=True, progress_bar=False, out=out).round_end(0, 1, metrics)
+    assert out.getvalue().split("  ")[:3] == ["round 1/1", "train/loss 0.5", "test/acc 0.75"]
+    assert "dp/epsilon 1.234" in out.getvalue() and "noise_multiplier" not in out.getvalue()
