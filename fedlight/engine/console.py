@@ -54,6 +54,21 @@ def counted(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
+def shown(path: Path | None) -> Path | None:
+    """``path`` as the console shows it: relative to the working folder when inside it, so a resumed run (whose
+    folder the checkpoint records in full) names it as the fresh run did.
+
+    >>> str(shown(Path.cwd() / "runs" / "a" / "version_0")), str(shown(Path("/elsewhere/x")))
+    ('runs/a/version_0', '/elsewhere/x')
+    """
+    if path is None or not path.is_absolute():
+        return path
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
 def drawable(stream: TextIO) -> bool:
     """Whether progress bars can be drawn on ``stream``: a terminal that reports a width."""
     try:
@@ -108,8 +123,8 @@ class RunConsole:
         self._every = max(1, math.ceil(rounds / 50))
         resumed = f", resuming at round {first + 1}" if first else ""
         self.print(
-            f"fedlight: {name} → {run_dir} | seed {seed} | {strategy}, {per_round} of {clients} clients per round, "
-            f"{counted(rounds, 'round')}{resumed}"
+            f"fedlight: {name} → {shown(run_dir)} | seed {seed} | {strategy}, {per_round} of {clients} clients per "
+            f"round, {counted(rounds, 'round')}{resumed}"
         )
         if self.bars:
             self._bar = tqdm(total=rounds, initial=first, desc="rounds", unit="round", dynamic_ncols=True)
@@ -141,6 +156,6 @@ class RunConsole:
         if run_dir is None:
             return
         files = [name for name in ("metrics.csv", "config.yaml", "checkpoints/last.ckpt") if (run_dir / name).exists()]
-        self.print(f"  run folder: {run_dir}" + (f" ({', '.join(files)})" if files else ""))
+        self.print(f"  run folder: {shown(run_dir)}" + (f" ({', '.join(files)})" if files else ""))
         if any((run_dir / "wandb").glob("offline-run-*")):
-            self.print(f"  W&B (offline): wandb sync {run_dir / 'wandb'}/offline-run-*")
+            self.print(f"  W&B (offline): wandb sync {shown(run_dir / 'wandb')}/offline-run-*")

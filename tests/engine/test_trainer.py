@@ -496,15 +496,16 @@ def test_a_run_in_a_log_prints_a_start_line_one_line_per_round_and_a_summary(tmp
     trainer.fit(make_model(), synthetic_data(), FedAvg(), config={"trainer": {"rounds": 3}})
     out, err = capsys.readouterr()  # pytest's capture is no terminal: no bars
     lines = out.strip().splitlines()
-    assert lines[0].startswith(f"fedlight: fedlight → {trainer.run_dir} | seed 0 | FedAvg, 4 of 8 clients per round")
+    run_dir = trainer.run_dir.relative_to(tmp_path)  # the working folder here: the console shows paths from it
+    assert lines[0].startswith(f"fedlight: fedlight → {run_dir} | seed 0 | FedAvg, 4 of 8 clients per round")
     rounds = [line for line in lines if line.startswith("round ")]
     assert [line.split()[1] for line in rounds] == ["1/3", "2/3", "3/3"]
     assert all("test/acc" in line and "train/loss" in line for line in rounds)
     assert "\r" not in out + err and "\x1b[" not in out + err
     summary = "\n".join(lines[lines.index(rounds[-1]) + 1 :])
     assert "fedlight: 3 rounds in" in summary
-    assert f"run folder: {trainer.run_dir} (metrics.csv, config.yaml, checkpoints/last.ckpt)" in summary
-    assert f"wandb sync {trainer.run_dir / 'wandb'}/offline-run-*" in summary
+    assert f"run folder: {run_dir} (metrics.csv, config.yaml, checkpoints/last.ckpt)" in summary
+    assert f"wandb sync {run_dir / 'wandb'}/offline-run-*" in summary
 
 
 def test_a_long_run_prints_every_nth_round_and_the_last(tmp_path, capsys):
@@ -675,3 +676,19 @@ def test_uint8_images_for_a_network_that_cannot_take_them_are_refused_before_the
     with pytest.raises(ConfigError, match=r"--data gives uint8 images \(Bytes\).*resnet18"):
         trainer.fit(ClassificationClient(3, (1, 8, 8), model=model), data, FedAvg())
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_resumed_run_names_its_folder_as_the_fresh_run_did(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    settings = {"default_root_dir": "runs", "logger": "csv", "enable_progress_bar": False, "clients_per_round": 4}
+    FederatedTrainer(rounds=1, **settings).fit(make_model(), synthetic_data(), FedAvg())
+    fresh = capsys.readouterr().out.splitlines()
+    FederatedTrainer(rounds=2, **settings).fit(
+        make_model(), synthetic_data(), FedAvg(), ckpt_path=tmp_path / "runs/fedlight/version_0/checkpoints/last.ckpt"
+    )
+    resumed = capsys.readouterr().out.splitlines()
+    assert fresh[0].startswith("fedlight: fedlight → runs/fedlight/version_0 | ")
+    assert (
+        resumed[0].startswith("fedlight: fedlight → runs/fedlight/version_0 | ") and "resuming at round 2" in resumed[0]
+    )
+    assert any(line.startswith("  run folder: runs/fedlight/version_0 (metrics.csv") for line in resumed)
