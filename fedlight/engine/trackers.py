@@ -18,6 +18,8 @@ from lightning.fabric.loggers import Logger
 
 from fedlight.engine import rundir
 
+#: the folder name Lightning's TensorBoardLogger takes when given none
+LIGHTNING_DEFAULT_NAME = "lightning_logs"
 #: the attribute that names a logger's run, for each kind of Lightning logger that can continue one
 RUN_ATTRIBUTES = {"TensorBoardLogger": "_version", "MLFlowLogger": "_run_id", "WandbLogger": "_id"}
 
@@ -36,6 +38,8 @@ def run_identity(logger: Logger) -> dict[str, Any] | None:
     name = kind(logger)
     if name == "TensorBoardLogger":
         run = logger.version  # the next free version folder, found without creating it
+        if run is not None:  # its folder is <save_dir>/<name>/<version>: both are needed to find it again
+            return {"class": name, "run": run, "name": logger.name}
     elif name == "WandbLogger":
         run = logger.version  # the started run's id, else the configured one
     elif name == "MLFlowLogger":
@@ -55,14 +59,19 @@ def continue_run(logger: Logger, identity: dict[str, Any] | None) -> bool:
     if getattr(logger, attribute) is not None:
         return False
     setattr(logger, attribute, identity["run"])
+    if name == "TensorBoardLogger" and "name" in identity and logger._name == LIGHTNING_DEFAULT_NAME:
+        logger._name = identity["name"]
     if name == "WandbLogger":  # handed to wandb.init at the first logged round
         logger._wandb_init.update(id=identity["run"], resume="allow")
     return True
 
 
 def name_run(logger: Logger, name: str) -> None:
-    """Names the run that ``logger`` will create after the fedlight run, where its configuration named none."""
-    if kind(logger) == "MLFlowLogger" and logger._run_name is None:
+    """Names the run that ``logger`` will create after the fedlight run, where its configuration named none: an MLflow
+    or W&B run, and TensorBoard's folder (``<save_dir>/<name>/version_<n>`` instead of ``lightning_logs``)."""
+    if kind(logger) == "TensorBoardLogger" and logger._name == LIGHTNING_DEFAULT_NAME:
+        logger._name = name
+    elif kind(logger) == "MLFlowLogger" and logger._run_name is None:
         logger._run_name = name
     elif kind(logger) == "WandbLogger" and logger._wandb_init.get("name") is None:
         logger._wandb_init["name"] = logger._name = name

@@ -47,9 +47,11 @@ def test_tensorboard_gets_every_round_as_its_step_and_a_resume_continues_its_fol
     resumed = _fit(tmp_path / "runs", TensorBoardLogger(save_dir=tmp_path / "tb"), rounds=3, ckpt_path=last)
     assert resumed.run_dir == first.run_dir
 
-    folders = sorted(p.name for p in (tmp_path / "tb" / "lightning_logs").iterdir())
+    # the events are named after the fedlight run ("fedlight", the trainer's default name), not lightning_logs
+    assert [p.name for p in (tmp_path / "tb").iterdir()] == ["fedlight"]
+    folders = sorted(p.name for p in (tmp_path / "tb" / "fedlight").iterdir())
     assert folders == ["version_0"]  # the resumed run wrote into the first run's folder, not version_1
-    events = EventAccumulator(str(tmp_path / "tb" / "lightning_logs" / "version_0"), size_guidance={"tensors": 0})
+    events = EventAccumulator(str(tmp_path / "tb" / "fedlight" / "version_0"), size_guidance={"tensors": 0})
     events.Reload()
     logged = {event.step: event.value for event in events.Scalars("train/loss")}
     expected = _csv_losses(first.run_dir)
@@ -74,7 +76,15 @@ def test_a_tensorboard_version_given_in_the_config_is_kept_on_resume(tmp_path):
     first = _fit(tmp_path / "runs", TensorBoardLogger(save_dir=tmp_path / "tb", version="a"), rounds=1)
     last = first.run_dir / "checkpoints" / "last.ckpt"
     _fit(tmp_path / "runs", TensorBoardLogger(save_dir=tmp_path / "tb", version="b"), rounds=2, ckpt_path=last)
-    assert sorted(p.name for p in (tmp_path / "tb" / "lightning_logs").iterdir()) == ["a", "b"]
+    assert sorted(p.name for p in (tmp_path / "tb" / "fedlight").iterdir()) == ["a", "b"]
+
+
+def test_a_tensorboard_name_given_in_the_config_is_kept(tmp_path):
+    pytest.importorskip("tensorboard", reason="TensorBoard is the optional extra fedlight[tensorboard]")
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    _fit(tmp_path / "runs", TensorBoardLogger(save_dir=tmp_path / "tb", name="mine"), rounds=1)
+    assert [p.name for p in (tmp_path / "tb").iterdir()] == ["mine"]
 
 
 def test_mlflow_file_store_gets_every_round_as_its_step_and_a_resume_continues_its_run(tmp_path, monkeypatch):
