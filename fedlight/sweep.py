@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import shutil
 import sys
 import time
 import warnings
@@ -136,6 +137,10 @@ class Sweep:
         checkpoint = last_checkpoint(run_root / name)
         if checkpoint is not None:
             args.append(f"--ckpt_path={checkpoint}")
+        else:
+            for stale in remove_attempts_without_checkpoint(run_root / name):
+                print(f"fedlight sweep: trial {trial.number}: removed {stale}, an attempt stopped before its first "
+                      "checkpoint (nothing in it to continue)", file=sys.stderr)  # fmt: skip
         from fedlight.cli import run
 
         print(f"fedlight sweep: trial {trial.number}, {name}", file=sys.stderr)
@@ -199,6 +204,29 @@ def last_checkpoint(run_root: Path) -> Path | None:
         if v.name.split("_")[1].isdigit() and (v / "checkpoints" / "last.ckpt").is_file()
     ]
     return max(found, key=lambda p: int(p.parent.parent.name.split("_")[1]), default=None)
+
+
+def remove_attempts_without_checkpoint(run_root: Path) -> list[Path]:
+    """Removes the ``version_<n>`` folders of a trial that hold no checkpoint and that no live process writes (its
+    run lock is free): attempts killed before their first checkpoint, which the trial's next attempt starts over,
+    and which would otherwise lie beside its run as if they were runs. Returns them."""
+    from fedlight.engine.rundir import RunLock
+
+    removed = []
+    for version in sorted(run_root.glob("version_*")):
+        if not version.is_dir() or (version / "checkpoints" / "last.ckpt").is_file():
+            continue
+        lock = RunLock(version)
+        try:
+            lock.acquire()
+        except ConfigError:  # another process is writing it
+            continue
+        try:
+            shutil.rmtree(version)
+        finally:
+            lock.release()
+        removed.append(version)
+    return removed
 
 
 def open_study(file: SweepFile, storage: str, name: str, heartbeat: int, seed: int | None) -> Any:

@@ -273,3 +273,27 @@ def test_processes_that_start_one_new_sweep_together_do_not_race_on_its_database
             process.join()
         assert outcomes == ["ok"] * 6, outcomes
         assert len(_trials(storage, "together")) == 0  # one study, opened by all
+
+
+def test_an_attempt_killed_before_its_first_checkpoint_is_replaced_not_left_beside_the_rerun(tmp_path, capsys):
+    pytest.importorskip("optuna", reason="sweeps need the optional extra fedlight[sweep]")
+    from fedlight.cli import main
+    from fedlight.engine.rundir import RunLock
+
+    path = _sweep_file(tmp_path, parameters={"model.init_args.optimizer.init_args.lr": {"values": [0.1]}})
+    trial_root = tmp_path / "runs" / "tiny" / trial_name({"model.init_args.optimizer.init_args.lr": 0.1})
+    killed = trial_root / "version_0"  # what a kill before round 1's checkpoint leaves: a config, a dead owner's lock
+    killed.mkdir(parents=True)
+    (killed / "config.yaml").write_text("trainer: {rounds: 2}\n")
+    (killed / "run.lock").write_text('{"pid": 999999, "host": "gone"}')
+    busy = trial_root / "version_7"  # another process's attempt, still writing: left alone
+    busy.mkdir()
+    lock = RunLock(busy)
+    lock.acquire()
+    try:
+        main(["sweep", str(path), f"--root={tmp_path / 'runs'}", *TINY, "--trainer.wandb_mode=disabled"])
+    finally:
+        lock.release()
+    assert sorted(p.name for p in trial_root.iterdir()) == ["version_7", "version_8"]
+    assert (trial_root / "version_8" / "checkpoints" / "last.ckpt").is_file()  # the rerun
+    assert f"removed {killed}, an attempt stopped before its first checkpoint" in capsys.readouterr().err
