@@ -632,6 +632,22 @@ def test_environment_variables_fill_in_what_files_and_flags_leave_unset_as_the_r
     assert "JSONARGPARSE_DEFAULT_ENV=true" in (REPO / "README.md").read_text()
 
 
+def test_the_readme_s_environment_variable_changes_the_shipped_rows(monkeypatch, capsys):
+    import re
+
+    variable, value = re.search(r"`(FEDLIGHT_FIT__\w+)=([^`\s]+)`", (REPO / "README.md").read_text()).groups()
+    key = variable.removeprefix("FEDLIGHT_FIT__").lower().split("__")  # ["trainer", "wandb_project"]
+    # no shipped config sets it, nested or dotted, so it shows in every row
+    for path in (REPO / "conf").rglob("*.yaml"):
+        content = yaml.safe_load(path.read_text()) or {}
+        assert ".".join(key) not in content and key[-1] not in (content.get(key[0]) or {}), path
+    monkeypatch.setenv("JSONARGPARSE_DEFAULT_ENV", "true")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit):
+        run(["fit", "--config", str(REPO / "conf/fedsls/cifar10/fedsls_alpha0.5.yaml"), "--print_config"])
+    assert yaml.safe_load(capsys.readouterr().out)[key[0]][key[1]] == value
+
+
 def test_a_dict_entry_set_to_null_by_a_flag_is_none(parser):
     """A flag that sets an entry of a dict option to null means None, as the same entry in YAML does."""
     from fedlight.cli import _restore_nulls
