@@ -3,7 +3,6 @@
 import copy
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from processes import run_within
 from torch import nn
 
 from fedlight import checkpoint as ckpt_io
@@ -220,22 +220,22 @@ def assert_same_run(a: dict, b: dict, atol: float = 0.0) -> None:
 def test_a_bank_run_on_two_processes_equals_one_and_resumes_bit_exactly_after_kill_9(tmp_path):
     # one intra-op thread in every process: the same kernels, so the same floats (see tests/test_multinode.py)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    subprocess.run(command(tmp_path, "one"), check=True, cwd=tmp_path, timeout=300, env=env, capture_output=True)
+    run_within(command(tmp_path, "one"), check=True, cwd=tmp_path, cpu_budget=600, env=env, capture_output=True)
     one = last(tmp_path, "one")
     assert one["bank"]["clusters"].shape[0] == 3
     assert one["history"][-1]["clients/routed/acc"] != one["history"][-1]["clients/acc"]
 
-    two = subprocess.run(
-        command(tmp_path, "two", "--trainer.devices=2"), cwd=tmp_path, timeout=300, env=env, capture_output=True
+    two = run_within(
+        command(tmp_path, "two", "--trainer.devices=2"), cwd=tmp_path, cpu_budget=600, env=env, capture_output=True
     )
     assert two.returncode == 0, two.stderr.decode()[-2000:]
     assert_same_run(one, last(tmp_path, "two"))
 
     # SIGKILL at the start of round 2, after round 1's checkpoint: nothing gets to clean up
     killer = "--trainer.callbacks+=fedlight.testing.SigkillAtRound", "--trainer.callbacks.init_args.round_idx=2"
-    killed = subprocess.run(command(tmp_path, "killed", *killer), cwd=tmp_path, timeout=300, env=env)
+    killed = run_within(command(tmp_path, "killed", *killer), cwd=tmp_path, cpu_budget=600, env=env)
     assert killed.returncode == -signal.SIGKILL
     assert last(tmp_path, "killed")["round"] == 2
     resume = f"--ckpt_path={tmp_path / 'killed' / 'version_0' / 'checkpoints' / 'last.ckpt'}"
-    subprocess.run(command(tmp_path, "killed", resume), check=True, cwd=tmp_path, timeout=300, env=env)
+    run_within(command(tmp_path, "killed", resume), check=True, cwd=tmp_path, cpu_budget=600, env=env)
     assert_same_run(one, last(tmp_path, "killed"))

@@ -1,13 +1,13 @@
 """Bad user input is a ConfigError naming the flag or file, also under ``python -O``, which strips asserts."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from processes import run_within
 
 from fedlight.data.base import LabelledTensors
 from fedlight.data.datasets.npz import NpzDataset
@@ -33,7 +33,7 @@ def test_an_npz_with_arrays_of_different_lengths_is_refused_under_python_O(tmp_p
         "    print(err); sys.exit(3)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-O", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    done = run_within([sys.executable, "-O", "-c", script], cpu_budget=240, env=env, capture_output=True, text=True)
     assert done.returncode == 3, done.stderr[-2000:]
     assert f"--data.dataset.init_args.path={path} holds 5 inputs, 4 targets" in done.stdout
 

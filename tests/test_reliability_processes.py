@@ -3,11 +3,11 @@ inside forked processes each end with one ConfigError message and exit code 2.""
 
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from processes import run_within
 
 from fedlight.cli import main
 from fedlight.engine.launch import LAUNCHER_VARIABLES
@@ -61,7 +61,7 @@ def test_a_rendezvous_that_never_completes_times_out_naming_what_it_waited_for(t
         sys.executable, "-m", "fedlight", "fit", "--config", SYNTHETIC, *QUICK,
         f"--trainer.default_root_dir={tmp_path}", "--trainer.num_nodes=2", "--trainer.rendezvous_timeout=3",
     ]  # fmt: skip
-    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    done = run_within(command, cpu_budget=480, env=env, cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 2, done.stderr[-3000:]
     assert (
         f"fedlight: error: Waited 3 s (--trainer.rendezvous_timeout) at 127.0.0.1:{port} for the 2 processes of "

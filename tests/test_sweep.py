@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from processes import communicate_within, run_within
 
 from fedlight.errors import ConfigError
 from fedlight.sweep import trial_name
@@ -148,14 +149,14 @@ def test_a_killed_grid_sweep_continues_in_two_processes_with_every_point_once(tm
                "--heartbeat=1", *TINY, f"--trainer.callbacks+={json.dumps(killer)}"]  # fmt: skip
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     # The first trial runs both rounds; the second is killed as its round 2 starts, after round 1's checkpoint.
-    first = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    first = run_within(command, cpu_budget=600, env=env, cwd=tmp_path, capture_output=True, text=True)
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
     storage = f"sqlite:///{root / 'tiny' / 'sweep.db'}"
     assert [t.state.name for t in _trials(storage, "tiny")] == ["COMPLETE", "RUNNING"]  # as the kill left them
 
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     workers = [subprocess.Popen(command, env=env, cwd=tmp_path, **pipes) for _ in range(2)]
-    outputs = [worker.communicate(timeout=300) for worker in workers]
+    outputs = [communicate_within(worker, cpu_budget=600) for worker in workers]
     assert [worker.returncode for worker in workers] == [0, 0], [err[-2000:] for _, err in outputs]
 
     trials = _trials(storage, "tiny")

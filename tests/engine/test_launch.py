@@ -1,10 +1,10 @@
 """Two processes on CPU (gloo) must give the same global model as one process."""
 
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
+from processes import run_within
 
 from fedlight import checkpoint as ckpt_io
 
@@ -23,7 +23,7 @@ def fit(tmp_path: Path, devices: int, *extra: str, name: str = "") -> dict:
         "--strategy.init_args.tolerate_stragglers=true",
         *extra,
     ]  # fmt: skip
-    done = subprocess.run(command, check=True, cwd=tmp_path, timeout=300, capture_output=True, text=True)
+    done = run_within(command, cpu_budget=600, check=True, cwd=tmp_path, capture_output=True, text=True)
     state = ckpt_io.load(tmp_path / name / "version_0" / "checkpoints" / "last.ckpt")
     state["stderr"] = done.stderr
     return state

@@ -5,11 +5,11 @@ Eight clients, four a round, three rounds: clients are spread over the processes
 move between them."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
+from processes import run_within
 
 REPO = Path(__file__).resolve().parents[2]
 # a vector slot summed over processes (SCAFFOLD's Δc_k), local slots (FedBN), a personal model (Ditto)
@@ -44,9 +44,9 @@ torch.save(results, sys.argv[1])
 def test_two_processes_keep_the_clients_states_as_one_does(tmp_path):
     out = tmp_path / "results.pt"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(
+    done = run_within(
         [sys.executable, "-c", f"RULES = {RULES!r}\n{SCRIPT}", str(out), str(tmp_path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, env=env, capture_output=True, text=True, cpu_budget=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     results = torch.load(out, weights_only=False)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from processes import communicate_within
 
 from fedlight import checkpoint as ckpt_io
 from fedlight.callbacks import RoundCallback
@@ -198,7 +199,7 @@ def test_sigint_while_slow_clients_train_stops_after_the_client_and_resumes_bit_
         while time.monotonic() < deadline and not (log.exists() and "\n1 " in "\n" + log.read_text()):
             time.sleep(0.05)
         os.kill(run.pid, signal.SIGINT)  # while round 1's first client trains
-        _, err = run.communicate(timeout=120)
+        _, err = communicate_within(run, cpu_budget=240)
     finally:
         run.kill()
     err = err.decode()

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import torch
+from processes import communicate_within
 
 from fedlight import checkpoint as ckpt_io
 
@@ -28,7 +29,7 @@ def start(tmp_path: Path, devices: int) -> subprocess.Popen:
 
 
 def finish(process: subprocess.Popen, tmp_path: Path, devices: int) -> dict:
-    output, _ = process.communicate(timeout=300)
+    output, _ = communicate_within(process, cpu_budget=600)
     assert process.returncode == 0, output[-3000:]
     return ckpt_io.load(tmp_path / f"devices{devices}" / "version_0" / "checkpoints" / "last.ckpt")
 

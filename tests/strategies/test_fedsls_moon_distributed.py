@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from processes import communicate_within
 
 from fedlight import checkpoint as ckpt_io
 
@@ -50,7 +51,7 @@ def start(tmp_path: Path, row: str, devices: int) -> subprocess.Popen:
 
 
 def finish(process: subprocess.Popen, tmp_path: Path, name: str) -> dict:
-    output, _ = process.communicate(timeout=600)
+    output, _ = communicate_within(process, cpu_budget=1200)
     assert process.returncode == 0, output[-3000:]
     return ckpt_io.load(tmp_path / name / "version_0" / "checkpoints" / "last.ckpt")
 

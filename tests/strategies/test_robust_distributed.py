@@ -4,11 +4,11 @@ far below the round's K × P × 4 bytes, the states are read in column blocks br
 them, and one and two processes still agree bit for bit (with each other and with the whole-state aggregate)."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
+from processes import run_within
 
 REPO = Path(__file__).resolve().parents[2]
 STRATEGIES = {
@@ -67,9 +67,9 @@ def test_two_processes_give_the_same_model_as_one(tmp_path):
     out = tmp_path / "results.pt"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     script = f"STRATEGIES = {STRATEGIES!r}\nBLOCKED = {BLOCKED!r}\nBLOCK_BYTES = {BLOCK_BYTES}\n{SCRIPT}"
-    done = subprocess.run(
+    done = run_within(
         [sys.executable, "-c", script, str(out), str(tmp_path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, env=env, capture_output=True, text=True, cpu_budget=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     results = torch.load(out, weights_only=False)
