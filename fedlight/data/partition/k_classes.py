@@ -1,10 +1,13 @@
 """Pathological label skew: every client holds exactly ``k`` classes.
 
 The "#C = k" partition of McMahan et al. (2017) and Li et al. (2022, "Federated Learning on Non-IID
-Data Silos"). Classes are dealt out either consecutively, as FedProx's MNIST and FEMNIST protocols do
-(client ``u`` holds ``(u + j) mod C`` for ``j < k``), or as ``k`` distinct classes
-drawn at random per client. Each class's samples are then shuffled and split as evenly as possible
-among the clients holding it, so that sizes vary only through class sizes and holder counts.
+Data Silos"). Classes are dealt out consecutively, as FedProx's MNIST and FEMNIST protocols do
+(client ``u`` holds ``(u + j) mod C`` for ``j < k``), as ``k`` distinct classes drawn at random per
+client, or as NIID-Bench's ``noniid-#label{k}`` deals them (``partition_data``): client ``u`` holds class
+``u mod C`` and ``k − 1`` other distinct classes drawn at random, so that with ``K ≥ C`` clients every class
+has a holder. Each class's samples are then shuffled and split as evenly as possible
+(``np.array_split``, as NIID-Bench does) among the clients holding it, so that sizes vary only through
+class sizes and holder counts.
 """
 
 from __future__ import annotations
@@ -30,14 +33,15 @@ class KClasses(Partitioner):
         classes_per_client: Number ``k`` of distinct classes every client holds.
         assignment: ``"consecutive"``: client ``u`` holds classes ``(u + j) mod C``, ``j < k``
             (FedProx's scheme, independent of the seed); ``"random"``: each client draws ``k``
-            distinct classes uniformly from the partition's RNG.
+            distinct classes uniformly from the partition's RNG; ``"niid_bench"``: client ``u`` holds
+            ``u mod C`` and draws ``k − 1`` other distinct classes uniformly (NIID-Bench's "#C = k").
     """
 
     def __init__(
         self,
         num_clients: int,
         classes_per_client: int = 2,
-        assignment: Literal["consecutive", "random"] = "consecutive",
+        assignment: Literal["consecutive", "random", "niid_bench"] = "consecutive",
     ) -> None:
         check_settings([], num_clients=(num_clients, 1), classes_per_client=(classes_per_client, 1))
         self.num_clients = num_clients
@@ -55,8 +59,12 @@ class KClasses(Partitioner):
             )
         if self.assignment == "consecutive":
             held = (np.arange(self.num_clients)[:, None] + np.arange(k)) % num_classes  # [K, k]
-        else:
+        elif self.assignment == "random":
             held = np.stack([rng.choice(num_classes, size=k, replace=False) for _ in range(self.num_clients)])
+        else:
+            own = np.arange(self.num_clients) % num_classes
+            others = [rng.choice(np.delete(np.arange(num_classes), u), size=k - 1, replace=False) for u in own]
+            held = np.column_stack([own, np.stack(others)])
 
         class_sizes = np.bincount(targets, minlength=num_classes)
         holder_counts = np.bincount(held.ravel(), minlength=num_classes)
