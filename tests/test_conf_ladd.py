@@ -26,12 +26,15 @@ FEDERATED = {
 }
 #: pre-training row → FDA window half-width b (None: no restyling), Tables 5 and 6
 PRETRAINING = {"source_only": None, "pretrain_fda": 1, "pretrain_fda_1x1": 0, "pretrain_fda_5x5": 2}
+#: MCD's rows (Tables 2–4 and the twin), FTDA's (Table 2 only)
+MCD = {"mcd_centralized", "mcd_fl_uda"}
+FTDA = {"ftda_centralized", "ftda_federated"}
 ROWS = {
-    "crosscity": set(FEDERATED) | set(PRETRAINING),
-    "twin": set(FEDERATED) | set(PRETRAINING) | {"oracle_federated"},
+    "crosscity": set(FEDERATED) | set(PRETRAINING) | MCD,
+    "twin": set(FEDERATED) | set(PRETRAINING) | {"oracle_federated"} | MCD,
     "cityscapes": {"source_only", "pretrain_fda", "fedavg_st", "ladd_cls", "ladd_all", "oracle_federated",
-                   "oracle_centralized"},
-    "mapillary": {"source_only", "pretrain_fda", "fedavg_st", "ladd_cls", "ladd_all", "oracle_federated"},
+                   "oracle_centralized"} | MCD | FTDA,
+    "mapillary": {"source_only", "pretrain_fda", "fedavg_st", "ladd_cls", "ladd_all", "oracle_federated"} | MCD,
 }  # fmt: skip
 
 
@@ -50,6 +53,27 @@ def test_every_ladd_config_parses(path):
 def test_every_row_has_a_file(dataset):
     rows = {p.stem for p in (CONF / dataset).glob("*.yaml")} - {"base", "pretrain_base"}
     assert rows == ROWS[dataset]
+
+
+@pytest.mark.parametrize("row", sorted(FTDA))
+def test_ftda_fine_tunes_the_source_only_model_as_the_oracle_of_its_setting(row):
+    config = resolved(CONF / "cityscapes" / f"{row}.yaml")
+    oracle = resolved(CONF / "cityscapes" / f"{row.replace('ftda', 'oracle')}.yaml")
+    assert config["trainer"]["init_from"] == "runs/ladd/cityscapes/source_only/version_0/checkpoints/last.ckpt"
+    assert config["model"]["class_path"] == oracle["model"]["class_path"] == "fedlight.clients.SourcePretrainingClient"
+    assert config["data"] == oracle["data"] and config["strategy"] == oracle["strategy"]
+
+
+@pytest.mark.parametrize("dataset", ["cityscapes", "crosscity", "mapillary"])
+def test_mcd_reads_the_source_with_its_target_classes_and_differs_between_settings_only_in_pooling(dataset):
+    federated, centralized = (resolved(CONF / dataset / f"{row}.yaml") for row in sorted(MCD)[::-1])
+    model = federated["model"]["init_args"]
+    assert federated["model"]["class_path"] == "fedlight.clients.MCDClient"
+    assert model["source"]["init_args"]["target"] == dataset and model["discrepancy_images"] == "target"
+    assert (
+        federated["trainer"].get("init_from") is None and federated["data"]["dataset"] == centralized["data"]["dataset"]
+    )
+    assert not federated["data"]["centralized"] and centralized["data"]["centralized"]
 
 
 @pytest.mark.parametrize("dataset", ["crosscity", "twin"])

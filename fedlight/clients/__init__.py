@@ -1,7 +1,8 @@
 """Client task modules: LightningModules the trainer reuses for every client."""
 
-from fedlight.clients.base import FederatedClient, LocalFit, OptimizerCallable
+from fedlight.clients.base import FederatedClient, LocalFit, ManualSteps, OptimizerCallable
 from fedlight.clients.classification import ClassificationClient
+from fedlight.clients.mcd import MCDClient
 from fedlight.clients.segmentation import SegmentationClient
 from fedlight.clients.self_training import SelfTrainingClient, SourcePretrainingClient
 from fedlight.clients.unsupervised import UnsupervisedSegmentationClient
@@ -10,6 +11,8 @@ __all__ = [
     "ClassificationClient",
     "FederatedClient",
     "LocalFit",
+    "MCDClient",
+    "ManualSteps",
     "OptimizerCallable",
     "SegmentationClient",
     "SelfTrainingClient",

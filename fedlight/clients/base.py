@@ -29,6 +29,25 @@ class LocalFit:
     num_steps: int
 
 
+@dataclass(frozen=True)
+class ManualSteps:
+    """What a client that steps its own optimizers (``automatic_optimization = False``) uses during a local fit.
+
+    Such a client runs several updates per batch inside its ``training_step`` (MCD's three steps, each with
+    its own loss and its own parameters), so the trainer hands it the fit's optimizers and the run's backward pass
+    and optimizer step instead of running them itself.
+
+    Attributes:
+        optimizers: what ``configure_optimizers`` returned, in its order; their schedulers step once per batch.
+        backward: the backward pass of a loss under the run's precision (a gradient scaler's scaling included).
+        step: one optimizer step under the run's precision.
+    """
+
+    optimizers: list[torch.optim.Optimizer]
+    backward: Callable[[torch.Tensor], None]
+    step: Callable[[torch.optim.Optimizer], None]
+
+
 class FederatedClient(LightningModule):
     """A LightningModule that one process reuses for every client it hosts.
 
@@ -45,7 +64,9 @@ class FederatedClient(LightningModule):
 
     ``configure_optimizers`` may return Lightning's ``{"optimizer": ..., "lr_scheduler": ...}`` with a
     per-step scheduler, or a list of optimizers (each steps once per batch); :attr:`local_fit` tells it
-    the round and the length of the fit it is built for.
+    the round and the length of the fit it is built for. A client with ``automatic_optimization = False``
+    runs its own backward passes and optimizer steps in ``training_step`` through :attr:`manual_steps`, and
+    returns its ``loss`` detached, for the record.
 
     Submodules named in :attr:`frozen_modules` (a pretrained backbone), and parameters with
     ``requires_grad=False``, are not federated: they are loaded once, run in eval mode during local
@@ -66,6 +87,9 @@ class FederatedClient(LightningModule):
     frozen_modules: tuple[str, ...] = ()
     #: Frozen auxiliary models by role, set by the trainer for the length of a local fit.
     teachers: Mapping[str, torch.nn.Module] = MappingProxyType({})
+    #: The fit's optimizers, backward pass and optimizer step, set by the trainer for the length of a local fit of a
+    #: client with ``automatic_optimization = False``.
+    manual_steps: ManualSteps | None = None
 
     def configure_model(self) -> None:
         """Loads the network's pretrained weights when it has them (``net.load_pretrained``), once before W^0."""

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fedlight.clients.base import LocalFit
+from fedlight.clients.base import LocalFit, ManualSteps
 from fedlight.engine.streams import RandomStreams, seed_torch
-from fedlight.engine.whole_step import WholeStep, allow_recompiles, whole_step_blocker
+from fedlight.engine.whole_step import WholeStep, allow_recompiles, compile_cost, whole_step_blocker
 from fedlight.errors import ConfigError, error_line
 from fedlight.plans import ClientPlan, ClientUpdate
 
@@ -145,6 +145,8 @@ class LocalTraining:
         ``compiled``: the forward pass and loss run through :meth:`compiled_step` (the rounds' ``loss_fn`` only).
         """
         precision = self.precision
+        if not module.automatic_optimization:
+            return self.manual_train_steps(module, optimizers, schedulers, batches, loss_fn)
         if compiled and (whole := self.whole_step(module, loss_fn, optimizers, schedulers)) is not None:
             batches = iter(batches)
             first = next(batches, None)
@@ -178,6 +180,39 @@ class LocalTraining:
             steps += 1
         return loss_sum, steps
 
+    def manual_train_steps(
+        self, module: FederatedClient, optimizers: list, schedulers: list, batches: Iterable[Any], loss_fn: LossFn
+    ) -> tuple[torch.Tensor, int]:
+        """The loop of a client that steps its own optimizers (``automatic_optimization = False``): its
+        ``training_step`` runs its updates through ``module.manual_steps``; schedulers step once per batch.
+
+        Such a step cannot take a rule's term in its loss (a proximal term, MOON's): a rule whose ``training_loss``
+        adds one is refused at the first batch, rather than trained without it.
+        """
+        precision = self.precision
+        strategy = type(self.strategy).__name__
+        backward = partial(self.fabric.strategy.backward, module=module)
+        module.manual_steps = ManualSteps(list(optimizers), backward, precision.optimizer_step)
+        loss_sum = torch.zeros((), device=self.fabric.device)
+        steps = 0
+        try:
+            for batch in batches:
+                batch = precision.convert_input(batch)
+                with precision.forward_context():
+                    outputs = module.training_step(batch, steps)
+                    if loss_fn(module, batch, outputs) is not outputs["loss"]:
+                        raise ConfigError(
+                            f"{strategy} adds a term to the training loss, which {type(module).__name__} cannot "
+                            "apply: it runs its own optimizer steps. Choose a rule without a loss term (FedAvg)."
+                        )
+                for scheduler in schedulers:
+                    scheduler.step()
+                loss_sum += outputs["loss"].detach().float()
+                steps += 1
+        finally:
+            module.manual_steps = None
+        return loss_sum, steps
+
     def whole_step(
         self, module: FederatedClient, loss_fn: LossFn, optimizers: list, schedulers: list
     ) -> WholeStep | None:
@@ -198,15 +233,18 @@ class LocalTraining:
             return None
         if self._whole is None:
             self._whole = WholeStep(module, loss_fn, self.precision, mode=self._compile_mode())
-            self.say("fedlight: --trainer.compile_steps: each client step (forward, loss, backward and "
-                     f"{type(optimizers[0]).__name__} update) runs as one compiled graph.")  # fmt: skip
+            update = type(optimizers[0]).__name__
+            self.say(
+                "fedlight: --trainer.compile_steps: each client step (forward, loss, backward and "
+                f"{update} update) runs as one compiled graph. {compile_cost()}"
+            )
         return self._whole
 
     def _refuse_whole_step(self, reason: str) -> None:
         self._whole_refused = reason
         self.say(
             "fedlight: --trainer.compile_steps: the forward pass and loss are compiled; the backward pass and the "
-            f"optimizer stay eager, because {reason}."
+            f"optimizer stay eager, because {reason}. {compile_cost()}"
         )
 
     def _compile_mode(self) -> str | None:

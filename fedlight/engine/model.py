@@ -240,15 +240,15 @@ def _input_dtype_problems(model: FederatedClient, datamodule: FederatedDataModul
 
 
 def probe_forward(model: FederatedClient, datamodule: FederatedDataModule, fabric: Any) -> None:
-    """Evaluates the module on two training inputs of the first client that has any, at set-up.
+    """Evaluates the module on two training inputs of the first client that has a training batch, at set-up.
 
     A network that does not fit the data (an ImageNet ResNet on 1×8×8 digits, three input channels for grey
     images) would otherwise fail in every client of round 1, after the run folder exists. The pass runs in eval
     mode without gradients, on the run's device and precision, through ``validation_step``; it draws no random
     number of the run's and leaves the weights and normalisation statistics as they were.
     """
-    client = next((k for k in range(datamodule.num_clients) if len(datamodule.client_train[k])), None)
-    if client is None:
+    client = next((k for k in range(datamodule.num_clients) if datamodule.num_batches(k)), None)
+    if client is None:  # no client has a whole batch (drop_last): nothing trains, nothing to probe
         return
     x, y = next(datamodule.train_batches(client, torch.Generator().manual_seed(0)))[:2]
     batch = (x[:2], y[:2], torch.zeros(len(x[:2]), dtype=torch.int64, device=x.device))

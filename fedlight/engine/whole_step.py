@@ -29,6 +29,7 @@ per run.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -255,3 +256,20 @@ def adam_update(
     step_size = lr / (1 - beta1**t)
     denom = v.sqrt() / (1 - beta2**t).sqrt() + eps
     p.sub_(step_size * m / denom)
+
+
+def compile_cost() -> str:
+    """What compiling costs and where its work is kept, said before the first compiled step runs."""
+    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if folder is None:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+            folder = cache_dir()
+        except (ImportError, AttributeError):  # a torch that keeps it elsewhere
+            folder = "torch's inductor cache"
+    return (
+        "The first client compiles it before round 1 moves on: seconds on a GPU, up to minutes for a CNN on a CPU "
+        f"(eager steps start at once). Compiled code is kept in {folder} (TORCHINDUCTOR_CACHE_DIR), so a later run "
+        "of the same model and shapes compiles faster."
+    )

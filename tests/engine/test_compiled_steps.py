@@ -6,6 +6,8 @@ wrong step, and in fp32 within a tolerance that a wrong step (a missed proximal 
 by orders of magnitude.
 """
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -99,6 +101,9 @@ def test_a_fit_the_whole_step_cannot_take_compiles_its_forward_pass_and_says_why
     out = capsys.readouterr().out
     assert out.count("the backward pass and the optimizer stay eager, because") == 1
     assert "learning-rate scheduler" in out
+    # what compiling costs is said before it starts, with the folder that keeps the compiled code
+    assert "compiles it before round 1 moves on" in out
+    assert f"kept in {os.environ.get('TORCHINDUCTOR_CACHE_DIR', tempfile.gettempdir())}" in out
     torch.testing.assert_close(compiled.global_state, eager.global_state, rtol=0, atol=FP64_ATOL)
 
 

@@ -27,6 +27,7 @@ federated rows start from the pre-training row's checkpoint, so that row runs fi
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -278,18 +279,37 @@ def _gta5_flags(config: dict) -> tuple[str, ...]:
 
 
 GTA5 = Miniature("GTA5", write_gta5, _gta5_flags)
+#: the source of a target row whose client reads GTA5 itself (MCD's): its size and its batches' crop
+_MODEL_SOURCE_FLAGS = (
+    f"--model.init_args.source.init_args.size=[{GTA5_SIZE[0]},{GTA5_SIZE[1]}]",
+    f"--model.init_args.source_transform.init_args.crop_size={_CROP}",
+)
+
+
+def _target_flags(*flags: str) -> Callable[[dict], tuple[str, ...]]:
+    """A target row's ``flags``, and the source's in a row whose client holds GTA5 as its source."""
+
+    def for_row(config: dict) -> tuple[str, ...]:
+        source = (config["model"].get("init_args") or {}).get("source") or {}
+        return (*flags, *(_MODEL_SOURCE_FLAGS if str(source.get("class_path", "")).endswith(".GTA5") else ()))
+
+    return for_row
+
+
 MINIATURES: list[Miniature] = [
     GTA5,
     Miniature(
         "CityscapesFFREEDA",
         write_cityscapes,
-        (f"{_DATASET}.size={_SIZE}", f"{_DATASET}.test_size={_SIZE}", f"{_TRANSFORM}.crop_size={_CROP}"),
+        _target_flags(f"{_DATASET}.size={_SIZE}", f"{_DATASET}.test_size={_SIZE}", f"{_TRANSFORM}.crop_size={_CROP}"),
     ),
-    Miniature("CrossCity", write_crosscity, (f"{_DATASET}.size={_SIZE}", f"{_TRANSFORM}.crop_size={_CROP}")),
+    Miniature(
+        "CrossCity", write_crosscity, _target_flags(f"{_DATASET}.size={_SIZE}", f"{_TRANSFORM}.crop_size={_CROP}")
+    ),
     Miniature(
         "Mapillary",
         write_mapillary,
-        (
+        _target_flags(
             f"{_DATASET}.size={_SIZE}",
             f"{_DATASET}.train_width={SIZE[1]}",
             f"{_DATASET}.crop={_CROP}",

@@ -157,11 +157,24 @@ def _run_row(parser, configs: list[Path], written: dict, depth: int = 0) -> tupl
         _run_row(parser, [stage], written, depth + 1)
         assert Path(init_from).is_file(), f"{stage} did not write {init_from}"
     flags = [*_shrink(config), *_miniature_flags(config, written)]  # a miniature's own flags win
+    if str(configs[-1].relative_to(CONF)) in GUARD_LIFTED:
+        flags.append("--trainer.max_update_ratio=null")
     folder = Path(config["trainer"]["default_root_dir"]) / config["trainer"]["name"]
     before = set(folder.glob("version_*"))
     metrics = run(["fit", *stack, *flags])
     (run_dir,) = set(folder.glob("version_*")) - before
     return metrics, run_dir
+
+
+#: rows whose miniature (random pixels, a handful of images, random weights) drives the row's real-data setting past
+#: the trainer's update guard (``--trainer.max_update_ratio``); the guard is lifted for these rows alone, and why is
+#: said here. The round must still finish with finite scores.
+GUARD_LIFTED = {
+    # MCD's step A and its four step-C updates share G's SGD momentum (0.9), so each batch moves G about five times
+    # step A's update; on random pixels and a random DeepLab at lr 0.05, over the doubled Cityscapes images, one
+    # epoch's update reaches 1.5 times the guard's bound (the other MCD rows stay within it)
+    "ladd/cityscapes/mcd_centralized.yaml",
+}
 
 
 @pytest.fixture(scope="session")
