@@ -23,7 +23,10 @@ FEDERATED = {
     "fda_st_kd": (False, "all", True, False),
     "fedavg_st": (False, "all", False, False),
     "st": (False, "all", False, False),
+    "st_kd_swat_clu": (True, "all", True, True),
 }
+#: the federated rows that start from the pre-training without FDA (Table 5's rows without its FDA mark)
+WITHOUT_FDA = {"st", "st_kd_swat_clu"}
 #: pre-training row → FDA window half-width b (None: no restyling), Tables 5 and 6
 PRETRAINING = {"source_only": None, "pretrain_fda": 1, "pretrain_fda_1x1": 0, "pretrain_fda_5x5": 2}
 #: MCD's rows (Tables 2–4 and the twin), FTDA's (Table 2 only)
@@ -86,7 +89,7 @@ def test_federated_rows_switch_exactly_their_components(dataset, row):
     assert strategy["clustering"] is clustering and strategy["cluster_layers"] == layers
     assert strategy["kd_teacher"] is kd and (model["lambda_kd"] > 0) is kd
     assert (strategy.get("swa_start") is not None) is swa  # the dump leaves out null values
-    pretraining = "source_only" if row == "st" else "pretrain_fda"
+    pretraining = "source_only" if row in WITHOUT_FDA else "pretrain_fda"
     assert config["trainer"]["init_from"] == f"runs/ladd/{dataset}/{pretraining}/version_0/checkpoints/last.ckpt"
 
 
