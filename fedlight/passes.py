@@ -36,3 +36,20 @@ def class_feature_batches(context: RunContext, module: LightningModule, client: 
         with precision.forward_context():
             features = module.net.forward_features(x)
         yield class_feature_sums(features, y, num_classes, ignore_index)
+
+
+@torch.no_grad()
+def mean_task_loss(context: RunContext, module: LightningModule, client: int) -> float:
+    """The mean of ``training_step``'s ``loss`` of ``module`` over a client's training split, by sample.
+
+    Each batch's loss is a mean over its samples, so batches weigh by their size. The caller sets the module's mode
+    (eval, for a loss that moves no BatchNorm statistics and draws no dropout).
+    """
+    precision, total, count = context.precision, 0.0, 0
+    for index, batch in enumerate(context.datamodule.client_batches(client, split="train")):
+        batch = precision.convert_input(batch)
+        with precision.forward_context():
+            loss = module.training_step(batch, index)["loss"]
+        total += float(loss) * len(batch[1])
+        count += len(batch[1])
+    return total / count

@@ -16,6 +16,7 @@ from fedlight.strategies.fedcc_moon import FedCCMOON
 from fedlight.strategies.fedcc_prox import FedCCProx
 from fedlight.strategies.feddecorr import FedDecorr
 from fedlight.strategies.feddyn import FedDyn
+from fedlight.strategies.fedexp import FedExP
 from fedlight.strategies.fednova import FedNova
 from fedlight.strategies.fedopt import FedAdagrad, FedAdam, FedOpt, FedYogi
 from fedlight.strategies.fedper import FedPer
@@ -27,6 +28,7 @@ from fedlight.strategies.fedsls import FedSLS
 from fedlight.strategies.ladd import LADD
 from fedlight.strategies.local_only import LocalOnly
 from fedlight.strategies.moon import MOON
+from fedlight.strategies.qfedavg import QFedAvg
 from fedlight.strategies.robust import RobustAggregation
 from fedlight.strategies.scaffold import SCAFFOLD
 from fedlight.strategies.wrapper import RuleWrapper
@@ -54,6 +56,7 @@ __all__ = [
     "FedCCProx",
     "FedDecorr",
     "FedDyn",
+    "FedExP",
     "FedNova",
     "FedOpt",
     "FedPer",
@@ -64,6 +67,7 @@ __all__ = [
     "FedSLS",
     "FedYogi",
     "LocalOnly",
+    "QFedAvg",
     "RobustAggregation",
     "RuleWrapper",
     "Strategy",

@@ -36,6 +36,7 @@ from fedlight.strategies import (
     FedBN,
     FedDecorr,
     FedDyn,
+    FedExP,
     FedNova,
     FedPer,
     FedProto,
@@ -44,6 +45,7 @@ from fedlight.strategies import (
     FedSL,
     FedSLS,
     FedYogi,
+    QFedAvg,
     RobustAggregation,
 )
 from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
@@ -59,10 +61,14 @@ STRATEGIES = {
     "fedadagrad": lambda: FedAdagrad(server_lr=0.5, tau=0.1),
     "fedyogi": lambda: FedYogi(server_lr=0.5, tau=0.1),
     "fedadam": lambda: FedAdam(server_lr=0.5, tau=0.1),
+    "qfedavg": lambda: QFedAvg(q=1.0),
+    "fedexp": FedExP,
+    "fedexp_iterate": lambda: FedExP(average_last_two=False),
 }
 # Server optimisers take one adaptive step towards a lone client instead of landing on it; test_fedopt.py holds them
-# to Algorithm 2 of their paper. Every other rule's aggregate of one client is that client.
-SERVER_OPTIMISERS = {"fedadagrad", "fedyogi", "fedadam"}
+# to Algorithm 2 of their paper, test_qfedavg.py q-FedAvg (whose step is shortened by q F^{q−1}‖Δw‖²) to its own.
+# Every other rule's aggregate of one client is that client.
+SERVER_OPTIMISERS = {"fedadagrad", "fedyogi", "fedadam", "qfedavg"}
 # Rules that need a network with features and convolutions; every rule of STRATEGIES runs there too.
 IMAGE_STRATEGIES = {
     "fedavg": FedAvg,
@@ -84,6 +90,8 @@ IMAGE_STRATEGIES = {
     "fedadagrad": lambda: FedAdagrad(server_lr=0.05, tau=0.01),
     "fedyogi": lambda: FedYogi(server_lr=0.05, tau=0.01),
     "fedadam": lambda: FedAdam(server_lr=0.05, tau=0.01),
+    "qfedavg": lambda: QFedAvg(q=1.0),
+    "fedexp": FedExP,
 }
 # Wrappers: seven clients, so that Krum's and Bulyan's f = 1 is admissible and an attacker is drawn. DP's noise is
 # drawn from the run's seed, since the tests below compare separate runs (secret noise: tests/strategies/test_dp.py).
