@@ -367,6 +367,8 @@ def _check_model_chosen(args: list[str], chosen: dict[Path, dict[str, Any]]) -> 
         return
     if any("model" in content or any(key.startswith("model.") for key in content) for content in chosen.values()):
         return
+    if any("config" in content for content in chosen.values()):  # its stacking reports a missing or looping base
+        return
     named = ", ".join(str(path) for path in chosen)
     example = ""
     for path in chosen:

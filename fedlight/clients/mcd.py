@@ -59,7 +59,7 @@ def classifier_discrepancy(logits1: Tensor, logits2: Tensor) -> Tensor:
     One pixel, two classes: softmax(0, 0) = (½, ½) and softmax(log 3, 0) = (¾, ¼), so d = (¼ + ¼) / 2 = ¼.
 
     >>> import math
-    >>> classifier_discrepancy(torch.tensor([[0.0, 0.0]]), torch.tensor([[math.log(3.0), 0.0]])).item()
+    >>> round(classifier_discrepancy(torch.tensor([[0.0, 0.0]]), torch.tensor([[math.log(3.0), 0.0]])).item(), 6)
     0.25
     """
     probs1 = logits1.float().softmax(dim=1)
