@@ -61,12 +61,17 @@ CHECKPOINT_EVERY = 10
 # Stream tags of fedlight's seed sequences (fedlight/engine/trainer.py), so every engine draws the same numbers.
 _ROUND_STREAM, _CLIENT_STREAM = 0, 1
 
+PFL_INSTALL = (
+    "pip install --target .venv-pfl/site --no-deps pfl==0.6.0 'multiprocess>=0.70.15,<0.71' "
+    "'prv-accountant>=0.2,<0.3' 'dp-accounting>=0.4,<0.6'"
+)
 FLOWER_INSTALL = (
     "python -m venv .venv-flower && .venv-flower/bin/pip install torch==2.14.1 torchvision==0.29.1 "
     '"flwr[simulation]==1.41.*" -e .'
 )
 
-Engine = Literal["floor", "fedlight", "batched", "compiled", "flower"]
+ENGINES = ("floor", "fedlight", "batched", "compiled", "flower", "pfl")
+Engine = Literal["floor", "fedlight", "batched", "compiled", "flower", "pfl"]
 
 
 @dataclass(frozen=True)
@@ -477,6 +482,12 @@ def run_flower(args: argparse.Namespace, work: Workload) -> dict[str, Any]:
     return flower_engine.run(args, work)
 
 
+def run_pfl(args: argparse.Namespace, work: Workload) -> dict[str, Any]:
+    import pfl_engine  # this directory and --pfl-path are on the child's PYTHONPATH; it imports pfl
+
+    return pfl_engine.run(args, work)
+
+
 # -- the child: one engine, one run ------------------------------------------------------------------------
 def child(args: argparse.Namespace, work: Workload) -> None:
     torch.set_num_threads(args.threads)
@@ -486,6 +497,7 @@ def child(args: argparse.Namespace, work: Workload) -> None:
         "batched": lambda a, w: run_fedlight(a, w, batched=True),
         "compiled": lambda a, w: run_fedlight(a, w, compile_steps=True),
         "flower": run_flower,
+        "pfl": run_pfl,
     }[args.child]
     result = runner(args, work)
     if result is None:  # a non-zero rank of a multi-process fedlight run
@@ -580,8 +592,13 @@ def launch(
         "--result",
         str(result),
     ]
+    # pfl pins dp-accounting below the version fedlight uses, so it lives in a folder of its own (--pfl-path) that
+    # only its runs put first on their path, with fedlight's interpreter and packages behind it
+    paths = [str(args.pfl_path)] if engine == "pfl" else []
     env = os.environ | {
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE)]),
+        "PYTHONPATH": os.pathsep.join([*paths, str(REPO), str(HERE)]),
+        # pfl places its model on a GPU whenever one exists; the run's accelerator decides here, as for the others
+        "PFL_PYTORCH_DEVICE": args.accelerator,
         "OMP_NUM_THREADS": str(args.threads),
         "MKL_NUM_THREADS": str(args.threads),
         "FLWR_TELEMETRY_ENABLED": "0",
@@ -624,6 +641,13 @@ def flower_available(python: str) -> bool:
         return False
     probe = subprocess.run([python, "-c", "import flwr, ray"], capture_output=True)
     return probe.returncode == 0
+
+
+def pfl_available(path: Path) -> bool:
+    env = os.environ | {"PYTHONPATH": str(path)}
+    return (
+        subprocess.run([sys.executable, "-c", "import pfl.model.pytorch"], capture_output=True, env=env).returncode == 0
+    )
 
 
 @dataclass
@@ -757,6 +781,10 @@ def print_report(work: Workload, args: argparse.Namespace, results: dict[str, Su
     ratio("batched/floor (rounds/s)", "floor1", "batched1", "round_s", "–")
     ratio("batched/Flower, 1 worker (rounds/s)", "flower1", "batched1", "round_s", "≥ 7 on a GPU, bf16-mixed")
     ratio("fedlight/Flower, 1 worker (rounds/s)", "flower1", "fedlight1", "round_s", "–")
+    ratio("pfl/floor (loop)", "pfl1", "floor1", "loop", "–")
+    ratio("fedlight/pfl (loop)", "fedlight1", "pfl1", "loop", "–")
+    ratio("compiled steps/pfl (rounds/s)", "pfl1", "compiled1", "round_s", "–")
+    ratio("batched/pfl (rounds/s)", "pfl1", "batched1", "round_s", "≥ 3 on a GPU, bf16-mixed")
     ratio("compiled steps/floor (rounds/s)", "floor1", "compiled1", "round_s", "≥ 1.5 on (a)")
     ratio("compiled steps/fedlight sequential (rounds/s)", "fedlight1", "compiled1", "round_s", "–")
     if "fedlight1" in results and "flower1" in results:
@@ -778,7 +806,7 @@ def print_report(work: Workload, args: argparse.Namespace, results: dict[str, Su
     differences = {}
     print()
     pairs = [("fedlight1", "floor1"), ("fedlight2", "fedlight1"), ("batched1", "floor1"), ("compiled1", "floor1")]
-    for a, b in [*pairs, ("flower1", "floor1"), ("flower2", "floor1")]:
+    for a, b in [*pairs, ("flower1", "floor1"), ("flower2", "floor1"), ("pfl1", "floor1")]:
         if a in results and b in results:
             diff = (results[a].final_state - results[b].final_state).abs().max().item()
             differences[f"{a} vs {b}"] = diff
@@ -885,14 +913,18 @@ def parse_args(work: Workload, doc: str) -> argparse.Namespace:
         default=str(REPO / ".venv-flower" / "bin" / "python"),
         help=f"interpreter with flwr[simulation] installed; create it with: {FLOWER_INSTALL}",
     )
+    parser.add_argument(
+        "--pfl-path",
+        type=Path,
+        default=REPO / ".venv-pfl" / "site",
+        help=f"folder holding pfl-research and its pinned dependencies; fill it with: {PFL_INSTALL}",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "out", help="where <workload>.json and the logs go")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="largest |Δ| allowed between equal models")
     parser.add_argument("--resume", action="store_true", help="reuse the runs already under --out with these settings")
     parser.add_argument("--stop-after", type=float, default=0, help="start no new run after this many seconds")
     # Internal: the options of one child run.
-    parser.add_argument(
-        "--child", choices=["floor", "fedlight", "batched", "compiled", "flower"], help=argparse.SUPPRESS
-    )
+    parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--exported", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
@@ -908,11 +940,9 @@ def configurations(spec: str) -> Iterator[tuple[Engine, int]]:
     for item in spec.split(","):
         item = item.strip()
         engine, workers = item.rstrip("0123456789"), int(item[len(item.rstrip("0123456789")) :] or 1)
-        if engine not in ("floor", "fedlight", "batched", "compiled", "flower"):
-            raise SystemExit(
-                f"Unknown engine {engine!r} in --engines={spec}; use floor, fedlight, batched, compiled or flower."
-            )
-        if engine in ("batched", "compiled") and workers != 1:
+        if engine not in ENGINES:
+            raise SystemExit(f"Unknown engine {engine!r} in --engines={spec}; use {', '.join(ENGINES)}.")
+        if engine in ("batched", "compiled", "pfl") and workers != 1:
             raise SystemExit(f"--engines={spec}: {engine} runs in one process ({engine}1).")
         yield engine, workers
 
@@ -930,6 +960,12 @@ def main(work: Workload, script: str, doc: str) -> dict[str, Any] | None:
             f"the repository root:\n    {FLOWER_INSTALL}"
         )
         plan = [(engine, workers) for engine, workers in plan if engine != "flower"]
+    if any(engine == "pfl" for engine, _ in plan) and not pfl_available(args.pfl_path):
+        print(
+            f"pfl-research is not installed in {args.pfl_path}: its runs are skipped. To include them, run from the "
+            f"repository root:\n    {PFL_INSTALL}"
+        )
+        plan = [(engine, workers) for engine, workers in plan if engine != "pfl"]
     args.out.mkdir(parents=True, exist_ok=True)
     reports: dict[str, list[dict[str, Any]]] = {}
     # Every run's report is kept, so that --resume can spread the repeats over several sessions.
@@ -961,14 +997,18 @@ def main(work: Workload, script: str, doc: str) -> dict[str, Any] | None:
                 )
     labels = {"floor1": "floor", "fedlight1": "fedlight ×1", "fedlight2": "fedlight ×2"}
     labels |= {"flower1": "Flower ×1", "flower2": "Flower ×2", "batched1": "batched ×1", "compiled1": "compiled ×1"}
+    labels |= {"pfl1": "pfl ×1"}
     results = {key: summarise(labels.get(key, key), value) for key, value in reports.items()}
     summary = print_report(work, args, results)
     summary["limit"] = print_limit(work, args, results)
     (args.out / f"{work.name}.json").write_text(json.dumps(summary, indent=2))
+    # pfl sums the clients' differences in fp32 where the floor sums in fp64: equal after one round to rounding,
+    # but the rounding compounds over rounds (4e-3 after 6 rounds of (a)), so pfl is held to it after one round
+    checked = {"fedlight1 vs floor1", "fedlight2 vs fedlight1"} | ({"pfl1 vs floor1"} if args.rounds == 1 else set())
     problems = [
         f"{pair}: {diff:.2e}"
         for pair, diff in summary["max_abs_difference"].items()
-        if pair in ("fedlight1 vs floor1", "fedlight2 vs fedlight1") and diff > args.tolerance
+        if pair in checked and diff > args.tolerance
     ]
     if problems:
         raise SystemExit(f"Runs that should end with the same model differ by more than {args.tolerance}: {problems}")

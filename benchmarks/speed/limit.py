@@ -6,7 +6,8 @@ Two numbers make the limit column of the speed report:
   on one forward and backward pass of a batch (matrix products and convolutions, the only operations it counts)
   and scaled by the samples the round's clients process (F epochs of each sampled client's training data);
 - the machine's achieved GFLOP/s on the two kernels such steps spend their time in, a large matrix product and a
-  3×3 convolution, timed here in fp32 and bf16 with 1 and N intra-op threads.
+  3×3 convolution, timed here in the run's arithmetic (fp32, or bf16 under a bf16 precision) with 1 and N
+  intra-op threads, each for at most a few seconds.
 
 An engine's achieved GFLOP/s is the round's FLOPs times its rounds/s; its share of the limit is that over the
 faster kernel at the engine's precision and threads. A step of a small MLP at batch 10 cannot approach a 2048²
@@ -44,12 +45,20 @@ def round_flops(data: Any, clients: list[int], local_epochs: int, flops_per_samp
     return samples * flops_per_sample
 
 
-def _rate(flops: float, fn, repeats: int) -> float:
+#: seconds after which a kernel's timing stops repeating: a CPU without bf16 units emulates a bf16 convolution at a
+#: few GFLOP/s, where ten repeats of each kernel took minutes
+BUDGET_S = 2.0
+
+
+def _rate(flops: float, fn, repeats: int, budget_s: float = BUDGET_S) -> float:
+    """GFLOP/s of ``fn`` over up to ``repeats`` calls after a warm-up, stopping once ``budget_s`` has passed."""
     fn()  # warm-up: allocation, kernel selection
     started = time.perf_counter()
-    for _ in range(repeats):
+    done = 0
+    while done < repeats and (done == 0 or time.perf_counter() - started < budget_s):
         fn()
-    return flops * repeats / (time.perf_counter() - started) / 1e9
+        done += 1
+    return flops * done / (time.perf_counter() - started) / 1e9
 
 
 def machine_gflops(dtype: torch.dtype, threads: int, device: str = "cpu") -> dict[str, float]:
@@ -74,9 +83,9 @@ def machine_gflops(dtype: torch.dtype, threads: int, device: str = "cpu") -> dic
 
 
 def limit_table(precision: str, threads: int, device: str = "cpu") -> dict[str, dict[str, float]]:
-    """The machine's GFLOP/s for fp32 and, under a bf16 precision or always on a CPU, bf16, at 1 and ``threads``."""
+    """The machine's GFLOP/s in the run's arithmetic (bf16 under a bf16 precision, else fp32), at 1 and ``threads``."""
     table = {}
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.bfloat16,) if precision.startswith("bf16") else (torch.float32,):
         for n in sorted({1, threads}):
             table[f"{str(dtype).removeprefix('torch.')}, {n} thread(s)"] = machine_gflops(dtype, n, device)
     return table
