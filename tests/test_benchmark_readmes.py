@@ -18,8 +18,9 @@ The rule, as this file checks it:
       commit at which its numbers were measured or recorded (rows of several commits: ``commits `1a2b3c4` (a),
       `5d6e7f8` (b) and `9a0b1c2` (c)``); and
   (b) the command that produced them: an inline code span, or a line of a fenced code block, that starts with
-      ``python benchmarks/``, or, for numbers taken from the command line, with ``fedlight ``, ``python -m `` or
-      ``python -X ``, after any environment assignments (``OMP_NUM_THREADS=1 python benchmarks/…``);
+      ``python benchmarks/`` (or ``bash benchmarks/`` for a script of runs), or, for numbers taken from the
+      command line, with ``fedlight ``, ``python -m `` or ``python -X ``, after any environment assignments
+      (``OMP_NUM_THREADS=1 python benchmarks/…``);
 
   or, for numbers that this repository's code did not measure (a paper's published numbers, a preset's settings),
   the marker ``<!-- not measured: <what they are> -->``.
@@ -47,7 +48,7 @@ NUMBER_CELL = re.compile(r"^[+\-−±~≈<>≤≥]?\s*\d")
 COMMIT = re.compile(r"\bcommits?\s+(?=`?[0-9a-fA-F]{7,40}\b)")
 SHA = re.compile(r"`?([0-9a-fA-F]{7,40})\b`?")
 LIST_GAP = re.compile(r"\s*(,\s*)?((and|or)\s+)?")
-COMMAND = re.compile(r"^([A-Z_]+=\S*\s+)*(python benchmarks/|fedlight |python -m |python -X )")
+COMMAND = re.compile(r"^([A-Z_]+=\S*\s+)*(python benchmarks/|bash benchmarks/|fedlight |python -m |python -X )")
 NOT_MEASURED = re.compile(r"<!--\s*not measured:\s*\S.*?-->")
 
 
