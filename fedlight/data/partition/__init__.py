@@ -4,6 +4,7 @@ from fedlight.data.partition.base import Partitioner, sorted_indices, validate_p
 from fedlight.data.partition.dirichlet import Dirichlet
 from fedlight.data.partition.dirichlet_power_law import DirichletPowerLaw
 from fedlight.data.partition.femnist import FEMNISTPartition
+from fedlight.data.partition.flower import FlowerPartitioner
 from fedlight.data.partition.iid import IID
 from fedlight.data.partition.inner_dirichlet import InnerDirichlet
 from fedlight.data.partition.k_classes import KClasses
@@ -19,6 +20,7 @@ __all__ = [
     "DirichletSizes",
     "ExponentialSizes",
     "FEMNISTPartition",
+    "FlowerPartitioner",
     "InnerDirichlet",
     "KClasses",
     "LinearSizes",
