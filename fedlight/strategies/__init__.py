@@ -1,11 +1,15 @@
 """Aggregation rules, one per file; :class:`Strategy` documents the hooks."""
 
+from fedlight.strategies.apfl import APFL
 from fedlight.strategies.attacks import Attack
 from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
+from fedlight.strategies.ccvr import CCVR
 from fedlight.strategies.clustered_fedavg import ClusteredFedAvg
 from fedlight.strategies.ditto import Ditto
 from fedlight.strategies.dp import DPFedAvg
 from fedlight.strategies.fairness import Fairness
+from fedlight.strategies.fedadmm import FedADMM
+from fedlight.strategies.fedala import FedALA
 from fedlight.strategies.fedatt import FedAtt
 from fedlight.strategies.fedau import FedAU
 from fedlight.strategies.fedavg import FedAvg
@@ -17,23 +21,30 @@ from fedlight.strategies.fedcc_prox import FedCCProx
 from fedlight.strategies.feddecorr import FedDecorr
 from fedlight.strategies.feddyn import FedDyn
 from fedlight.strategies.fedexp import FedExP
+from fedlight.strategies.fedlc import FedLC
 from fedlight.strategies.fednova import FedNova
 from fedlight.strategies.fedopt import FedAdagrad, FedAdam, FedOpt, FedYogi
 from fedlight.strategies.fedper import FedPer
 from fedlight.strategies.fedproto import FedProto
 from fedlight.strategies.fedprox import FedProx
 from fedlight.strategies.fedrep import FedRep
+from fedlight.strategies.fedrod import FedRoD
 from fedlight.strategies.fedsl import FedSL
 from fedlight.strategies.fedsls import FedSLS
 from fedlight.strategies.ladd import LADD
 from fedlight.strategies.local_only import LocalOnly
 from fedlight.strategies.moon import MOON
+from fedlight.strategies.per_fedavg import PerFedAvg
+from fedlight.strategies.pfedme import PFedMe
 from fedlight.strategies.qfedavg import QFedAvg
 from fedlight.strategies.robust import RobustAggregation
 from fedlight.strategies.scaffold import SCAFFOLD
+from fedlight.strategies.tan_fedproto import TanFedProto
 from fedlight.strategies.wrapper import RuleWrapper
 
 __all__ = [
+    "APFL",
+    "CCVR",
     "LADD",
     "MOON",
     "SCAFFOLD",
@@ -44,6 +55,8 @@ __all__ = [
     "DPFedAvg",
     "Ditto",
     "Fairness",
+    "FedADMM",
+    "FedALA",
     "FedAU",
     "FedAdagrad",
     "FedAdam",
@@ -57,18 +70,23 @@ __all__ = [
     "FedDecorr",
     "FedDyn",
     "FedExP",
+    "FedLC",
     "FedNova",
     "FedOpt",
     "FedPer",
     "FedProto",
     "FedProx",
     "FedRep",
+    "FedRoD",
     "FedSL",
     "FedSLS",
     "FedYogi",
     "LocalOnly",
+    "PFedMe",
+    "PerFedAvg",
     "QFedAvg",
     "RobustAggregation",
     "RuleWrapper",
     "Strategy",
+    "TanFedProto",
 ]

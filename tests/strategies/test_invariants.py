@@ -21,6 +21,8 @@ from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
 from fedlight.engine.trainer import FederatedTrainer
 from fedlight.strategies import (
+    APFL,
+    CCVR,
     MOON,
     SCAFFOLD,
     Attack,
@@ -29,6 +31,8 @@ from fedlight.strategies import (
     Fairness,
     FedAdagrad,
     FedAdam,
+    FedADMM,
+    FedALA,
     FedAtt,
     FedAU,
     FedAvg,
@@ -37,16 +41,21 @@ from fedlight.strategies import (
     FedDecorr,
     FedDyn,
     FedExP,
+    FedLC,
     FedNova,
     FedPer,
     FedProto,
     FedProx,
     FedRep,
+    FedRoD,
     FedSL,
     FedSLS,
     FedYogi,
+    PerFedAvg,
+    PFedMe,
     QFedAvg,
     RobustAggregation,
+    TanFedProto,
 )
 from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
 
@@ -64,11 +73,13 @@ STRATEGIES = {
     "qfedavg": lambda: QFedAvg(q=1.0),
     "fedexp": FedExP,
     "fedexp_iterate": lambda: FedExP(average_last_two=False),
+    "fedadmm": lambda: FedADMM(rho=0.5),
 }
 # Server optimisers take one adaptive step towards a lone client instead of landing on it; test_fedopt.py holds them
 # to Algorithm 2 of their paper, test_qfedavg.py q-FedAvg (whose step is shortened by q F^{q−1}‖Δw‖²) to its own.
 # Every other rule's aggregate of one client is that client.
-SERVER_OPTIMISERS = {"fedadagrad", "fedyogi", "fedadam", "qfedavg"}
+# FedADMM's lone client sends w + y/ρ with y = ρ(w − θ), so the server lands on 2w − θ rather than on w.
+SERVER_OPTIMISERS = {"fedadagrad", "fedyogi", "fedadam", "qfedavg", "fedadmm"}
 # Rules that need a network with features and convolutions; every rule of STRATEGIES runs there too.
 IMAGE_STRATEGIES = {
     "fedavg": FedAvg,
@@ -92,7 +103,24 @@ IMAGE_STRATEGIES = {
     "fedadam": lambda: FedAdam(server_lr=0.05, tau=0.01),
     "qfedavg": lambda: QFedAvg(q=1.0),
     "fedexp": FedExP,
+    "fedlc": lambda: FedLC(tau=1.0),
+    "fedrod": FedRoD,
+    "pfedme": lambda: PFedMe(lam=15.0, inner_steps=5, personal_lr=0.05),
+    "per_fedavg_hf": lambda: PerFedAvg(variant="hessian_free", alpha=0.1),
+    "per_fedavg_fo": lambda: PerFedAvg(variant="first_order", alpha=0.1),
+    "apfl": lambda: APFL(alpha=0.5, adapt_alpha=True),
+    "fedadmm": lambda: FedADMM(rho=0.5),
+    # every client's mixing weights learned on its whole data: a random s% would be drawn from each client's own
+    # seed, which a permutation of the clients' data changes
+    "fedala": lambda: FedALA(layer_idx=2, rand_percent=100),
+    "tan_fedproto": lambda: TanFedProto(lam=1.0),
+    # calibrated every round, so that a run resumed for more rounds continues as a straight run does (the default
+    # calibrates after the last round only, which a 1-round run has already done)
+    "ccvr": lambda: CCVR(calibrate_every=1, virtual_per_class=20, calib_steps=5),
 }
+# CCVR pools the clients' class covariances with N_c − 1 denominators (Eq. 4), so three identical clients give a
+# covariance (3N − 3)/(3N − 1) times one client's, and different virtual features: not where one alone ends.
+NOT_ONE_OF_MANY = {"ccvr"}
 # Wrappers: seven clients, so that Krum's and Bulyan's f = 1 is admissible and an attacker is drawn. DP's noise is
 # drawn from the run's seed, since the tests below compare separate runs (secret noise: tests/strategies/test_dp.py).
 pytestmark = pytest.mark.filterwarnings("ignore:DPFedAvg draws its noise")
@@ -214,7 +242,9 @@ def fit_images(root, sizes, seeds, strategy, rounds=2, ckpt_path=None):
     return trainer
 
 
-def test_identical_image_clients_end_where_one_alone_does(make_image_strategy, tmp_path):
+@pytest.mark.parametrize("name", [name for name in IMAGE_STRATEGIES if name not in NOT_ONE_OF_MANY])
+def test_identical_image_clients_end_where_one_alone_does(name, tmp_path):
+    make_image_strategy = IMAGE_STRATEGIES[name]
     many = fit_images(tmp_path, [12, 12, 12], [7, 7, 7], make_image_strategy())
     alone = fit_images(tmp_path, [12], [7], make_image_strategy())
     torch.testing.assert_close(many.global_state, alone.global_state, rtol=1e-5, atol=1e-6)
