@@ -14,6 +14,7 @@ from fedlight.strategies.fedatt import FedAtt
 from fedlight.strategies.fedau import FedAU
 from fedlight.strategies.fedavg import FedAvg
 from fedlight.strategies.fedavgm import FedAvgM
+from fedlight.strategies.fedbabu import FedBABU
 from fedlight.strategies.fedbn import FedBN
 from fedlight.strategies.fedcc import FedCC
 from fedlight.strategies.fedcc_moon import FedCCMOON
@@ -32,6 +33,7 @@ from fedlight.strategies.fedrod import FedRoD
 from fedlight.strategies.fedsl import FedSL
 from fedlight.strategies.fedsls import FedSLS
 from fedlight.strategies.ladd import LADD
+from fedlight.strategies.lg_fedavg import LGFedAvg
 from fedlight.strategies.local_only import LocalOnly
 from fedlight.strategies.moon import MOON
 from fedlight.strategies.per_fedavg import PerFedAvg
@@ -63,6 +65,7 @@ __all__ = [
     "FedAtt",
     "FedAvg",
     "FedAvgM",
+    "FedBABU",
     "FedBN",
     "FedCC",
     "FedCCMOON",
@@ -81,6 +84,7 @@ __all__ = [
     "FedSL",
     "FedSLS",
     "FedYogi",
+    "LGFedAvg",
     "LocalOnly",
     "PFedMe",
     "PerFedAvg",

@@ -37,6 +37,7 @@ from fedlight.strategies import (
     FedAU,
     FedAvg,
     FedAvgM,
+    FedBABU,
     FedBN,
     FedDecorr,
     FedDyn,
@@ -51,6 +52,7 @@ from fedlight.strategies import (
     FedSL,
     FedSLS,
     FedYogi,
+    LGFedAvg,
     PerFedAvg,
     PFedMe,
     QFedAvg,
@@ -114,6 +116,8 @@ IMAGE_STRATEGIES = {
     # seed, which a permutation of the clients' data changes
     "fedala": lambda: FedALA(layer_idx=2, rand_percent=100),
     "tan_fedproto": lambda: TanFedProto(lam=1.0),
+    "lg_fedavg": LGFedAvg,
+    "fedbabu": lambda: FedBABU(finetune_epochs=1),
     # calibrated every round, so that a run resumed for more rounds continues as a straight run does (the default
     # calibrates after the last round only, which a 1-round run has already done)
     "ccvr": lambda: CCVR(calibrate_every=1, virtual_per_class=20, calib_steps=5),
