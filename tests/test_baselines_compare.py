@@ -54,3 +54,16 @@ def test_the_command_runs_the_config_with_the_seed(tmp_path):
     assert args[5] == str(REPO / "conf" / "baselines" / "digits" / "fedyogi.yaml")
     assert "--seed_everything=2" in args and "--trainer.rounds=3" in args and "--trainer.local_epochs=1" in args
     assert f"--trainer.name={run.name}" in args and not any(a.startswith("--ckpt_path") for a in args)
+
+
+def test_a_personalised_rule_is_scored_with_its_own_models_and_the_others_with_the_global_one(tmp_path):
+    def write(name, header, rows):
+        folder = tmp_path / name / "version_0"
+        folder.mkdir(parents=True)
+        (folder / "metrics.csv").write_text("\n".join([header, *rows]) + "\n")
+
+    write("ditto", "round,clients/acc,clients/personal/acc", ["0,0.4,0.7", "1,,", "2,0.5,0.8"])
+    write("fedavg", "round,clients/acc", ["0,0.45", "1,0.55"])
+    assert compare.scores(tmp_path, "ditto") == [0.4, 0.5]  # the round that did not evaluate is left out
+    assert compare.own_scores(tmp_path, "ditto") == [0.7, 0.8]
+    assert compare.own_scores(tmp_path, "fedavg") == compare.scores(tmp_path, "fedavg") == [0.45, 0.55]

@@ -46,6 +46,8 @@ from run_files import latest_version, read_metrics, run_options  # noqa: E402
 CONF = REPO / "conf" / "baselines"
 REFERENCE = "fedavg"
 METRIC = "clients/acc"
+#: a personalised rule's score of each client's own model, compared in a second table with FedAvg's global model
+PERSONAL = "clients/personal/acc"
 #: The reduced size CI runs: a few seconds of training per run, most of a run is starting Python.
 REDUCED = {"protocols": ["digits"], "seeds": [0, 1], "rounds": 2, "overrides": ["--trainer.local_epochs=1"]}
 
@@ -90,10 +92,16 @@ def command(run: Run, root: Path) -> list[str]:
     return args
 
 
-def scores(root: Path, name: str) -> list[float]:
-    """Per-round ``clients/acc`` of the newest run called ``name`` (rounds that did not evaluate left out)."""
+def scores(root: Path, name: str, metric: str = METRIC) -> list[float]:
+    """Per-round ``metric`` of the newest run called ``name`` (rounds that did not evaluate left out)."""
     rows = read_metrics(latest_version(root, name))
-    return [row[METRIC] for row in rows if not math.isnan(row.get(METRIC, math.nan))]
+    return [row[metric] for row in rows if not math.isnan(row.get(metric, math.nan))]
+
+
+def own_scores(root: Path, name: str) -> list[float]:
+    """What each client is scored with: its own model's ``clients/personal/acc`` for a personalised rule, the global
+    model's ``clients/acc`` otherwise."""
+    return scores(root, name, PERSONAL) or scores(root, name)
 
 
 def is_done(run: Run, root: Path, rounds: int) -> bool:
@@ -203,18 +211,25 @@ def main(argv: list[str] | None = None) -> int:
     failed = run_all(runs, out, args.jobs, rounds_of)
 
     for protocol in protocols:
-        finals = {}
+        finals, owns = {}, {}
         for rule in rules[protocol]:
-            finals[rule] = {}
+            finals[rule], owns[rule] = {}, {}
             for seed in seeds:
-                values = scores(out / "runs", Run(protocol, rule, seed, rounds).name)
-                if values:
+                name = Run(protocol, rule, seed, rounds).name
+                if values := scores(out / "runs", name):
                     finals[rule][seed] = statistics.fmean(values[-last:])
+                if values := own_scores(out / "runs", name):
+                    owns[rule][seed] = statistics.fmean(values[-last:])
         shown = rounds or _config_rounds(CONF / protocol / f"{REFERENCE}.yaml")
-        summary = (
-            f"{protocol}: `{METRIC}` averaged over the last {last} of {shown} rounds, seeds {seeds}"
-            f"{' (' + ' '.join(overrides) + ')' if overrides else ''}.\n\n{table(finals, rules[protocol])}\n"
-        )
+        setting = f"the last {last} of {shown} rounds, seeds {seeds}"
+        setting += f" ({' '.join(overrides)})" if overrides else ""
+        summary = f"{protocol}: `{METRIC}` averaged over {setting}.\n\n{table(finals, rules[protocol])}\n"
+        personalised = [rule for rule in rules[protocol] if owns[rule] != finals[rule]]
+        if personalised:
+            summary += (
+                f"\n{protocol}, each client scored with its own model (`{PERSONAL}` of the personalised rules, "
+                f"`{METRIC}` of the others) over {setting}.\n\n{table(owns, rules[protocol])}\n"
+            )
         (out / f"{protocol}.md").write_text(summary)
         print(f"\n{summary}")
     print(f"{time.perf_counter() - started:.0f} s wall with {args.jobs} jobs")
