@@ -510,7 +510,7 @@ def main(args: list[str] | None = None) -> None:
         if args and args[0] == "compare":  # a paired test of two finished runs, not a training stage
             return compare.main(list(args[1:]))
         if args and args[0] == "sweep":  # many fit runs, each through run()
-            return sweep.main(list(args[1:]))
+            return sweep.main(list(args[1:]), run)
         run(args)
         _close_process_group()
     except ConfigError as err:

@@ -27,7 +27,7 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,6 +114,8 @@ class Sweep:
     root: Path
     extra: list[str]
     study: Any  # optuna.Study
+    #: runs one ``fedlight`` command (``fit …``) and returns its last round's metrics: the command line's ``run``
+    run: Callable[[list[str]], dict[str, float]]
 
     def objective(self, trial: Any) -> float:
         """Runs one trial's fedlight run (continuing its checkpoint, if an earlier attempt left one)."""
@@ -141,11 +143,9 @@ class Sweep:
             for stale in remove_attempts_without_checkpoint(run_root / name):
                 print(f"fedlight sweep: trial {trial.number}: removed {stale}, an attempt stopped before its first "
                       "checkpoint (nothing in it to continue)", file=sys.stderr)  # fmt: skip
-        from fedlight.cli import run
-
         print(f"fedlight sweep: trial {trial.number}, {name}", file=sys.stderr)
         try:
-            metrics = run(args)
+            metrics = self.run(args)
         except RunInterrupted:
             trial.set_user_attr("interrupted", True)
             raise
@@ -358,8 +358,8 @@ def summary(sweep: Sweep) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> None:
-    """``fedlight sweep SWEEP_FILE [options] [--key=value …]``."""
+def main(argv: list[str], run: Callable[[list[str]], dict[str, float]]) -> None:
+    """``fedlight sweep SWEEP_FILE [options] [--key=value …]``, each trial a ``run(["fit", …])``."""
     parser = argparse.ArgumentParser(prog="fedlight sweep", description=DESCRIPTION)
     add_arguments(parser)
     options, extra = parser.parse_known_args(argv)
@@ -376,7 +376,7 @@ def main(argv: list[str]) -> None:
         storage = f"sqlite:///{(root / name / 'sweep.db').resolve()}"
     file = dataclasses.replace(file, name=name)
     study = open_study(file, storage, name, options.heartbeat, options.seed)
-    sweep = Sweep(file, root, extra, study)
+    sweep = Sweep(file, root, extra, study, run)
     if options.retry_failed:
         from optuna.trial import TrialState
 

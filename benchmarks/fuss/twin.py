@@ -68,7 +68,7 @@ from fedlight.models.efficientnet_lite import PACKAGE_WEIGHTS, package_weights_f
 from fedlight.models.patch_features import build_patch_backbone
 from fedlight.state import FlatState
 from fedlight.strategies import FedCC, FedCCMOON
-from fedlight.strategies.fedcc_figures import centroid_maps, plot_centroid_maps
+from fedlight.callbacks.fedcc_figures import centroid_maps, plot_centroid_maps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from paired import paired, seeds_needed

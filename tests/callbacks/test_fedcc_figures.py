@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from fedlight.strategies.fedcc_figures import centroid_figure, centroid_maps, plot_centroid_maps
+from fedlight.callbacks.fedcc_figures import centroid_figure, centroid_maps, plot_centroid_maps
 
 
 def test_distances_are_cosine_distances_of_the_pooled_rows_in_raw_order():
