@@ -4,9 +4,12 @@ from fedlight.strategies.apfl import APFL
 from fedlight.strategies.attacks import Attack
 from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
 from fedlight.strategies.ccvr import CCVR
+from fedlight.strategies.cfl import CFL
 from fedlight.strategies.clustered_fedavg import ClusteredFedAvg
 from fedlight.strategies.ditto import Ditto
 from fedlight.strategies.dp import DPFedAvg
+from fedlight.strategies.dp_sgd import DPSGD
+from fedlight.strategies.elastic import ElasticAggregation
 from fedlight.strategies.fairness import Fairness
 from fedlight.strategies.fedadmm import FedADMM
 from fedlight.strategies.fedala import FedALA
@@ -22,9 +25,12 @@ from fedlight.strategies.fedcc_prox import FedCCProx
 from fedlight.strategies.feddecorr import FedDecorr
 from fedlight.strategies.feddyn import FedDyn
 from fedlight.strategies.fedexp import FedExP
+from fedlight.strategies.fedfomo import FedFomo
+from fedlight.strategies.fedgen import FedGen
 from fedlight.strategies.fedlc import FedLC
 from fedlight.strategies.fednova import FedNova
 from fedlight.strategies.fedopt import FedAdagrad, FedAdam, FedOpt, FedYogi
+from fedlight.strategies.fedpac import FedPAC
 from fedlight.strategies.fedper import FedPer
 from fedlight.strategies.fedproto import FedProto
 from fedlight.strategies.fedprox import FedProx
@@ -32,8 +38,10 @@ from fedlight.strategies.fedrep import FedRep
 from fedlight.strategies.fedrod import FedRoD
 from fedlight.strategies.fedsl import FedSL
 from fedlight.strategies.fedsls import FedSLS
+from fedlight.strategies.knn_per import KNNPer
 from fedlight.strategies.ladd import LADD
 from fedlight.strategies.lg_fedavg import LGFedAvg
+from fedlight.strategies.local_dp import LocalDP
 from fedlight.strategies.local_only import LocalOnly
 from fedlight.strategies.moon import MOON
 from fedlight.strategies.per_fedavg import PerFedAvg
@@ -47,6 +55,8 @@ from fedlight.strategies.wrapper import RuleWrapper
 __all__ = [
     "APFL",
     "CCVR",
+    "CFL",
+    "DPSGD",
     "LADD",
     "MOON",
     "SCAFFOLD",
@@ -56,6 +66,7 @@ __all__ = [
     "ClusteredFedAvg",
     "DPFedAvg",
     "Ditto",
+    "ElasticAggregation",
     "Fairness",
     "FedADMM",
     "FedALA",
@@ -73,9 +84,12 @@ __all__ = [
     "FedDecorr",
     "FedDyn",
     "FedExP",
+    "FedFomo",
+    "FedGen",
     "FedLC",
     "FedNova",
     "FedOpt",
+    "FedPAC",
     "FedPer",
     "FedProto",
     "FedProx",
@@ -84,7 +98,9 @@ __all__ = [
     "FedSL",
     "FedSLS",
     "FedYogi",
+    "KNNPer",
     "LGFedAvg",
+    "LocalDP",
     "LocalOnly",
     "PFedMe",
     "PerFedAvg",

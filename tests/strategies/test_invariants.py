@@ -23,11 +23,13 @@ from fedlight.engine.trainer import FederatedTrainer
 from fedlight.strategies import (
     APFL,
     CCVR,
+    DPSGD,
     MOON,
     SCAFFOLD,
     Attack,
     Ditto,
     DPFedAvg,
+    ElasticAggregation,
     Fairness,
     FedAdagrad,
     FedAdam,
@@ -42,8 +44,11 @@ from fedlight.strategies import (
     FedDecorr,
     FedDyn,
     FedExP,
+    FedFomo,
+    FedGen,
     FedLC,
     FedNova,
+    FedPAC,
     FedPer,
     FedProto,
     FedProx,
@@ -52,13 +57,17 @@ from fedlight.strategies import (
     FedSL,
     FedSLS,
     FedYogi,
+    KNNPer,
     LGFedAvg,
+    LocalDP,
+    LocalOnly,
     PerFedAvg,
     PFedMe,
     QFedAvg,
     RobustAggregation,
     TanFedProto,
 )
+from fedlight.strategies.client_privacy import ClientPrivacy
 from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
 
 STRATEGIES = {
@@ -76,12 +85,15 @@ STRATEGIES = {
     "fedexp": FedExP,
     "fedexp_iterate": lambda: FedExP(average_last_two=False),
     "fedadmm": lambda: FedADMM(rho=0.5),
+    "elastic": lambda: ElasticAggregation(sensitivity="loss"),
+    "fedfomo": lambda: FedFomo(num_models=2),
 }
 # Server optimisers take one adaptive step towards a lone client instead of landing on it; test_fedopt.py holds them
 # to Algorithm 2 of their paper, test_qfedavg.py q-FedAvg (whose step is shortened by q F^{q−1}‖Δw‖²) to its own.
 # Every other rule's aggregate of one client is that client.
 # FedADMM's lone client sends w + y/ρ with y = ρ(w − θ), so the server lands on 2w − θ rather than on w.
-SERVER_OPTIMISERS = {"fedadagrad", "fedyogi", "fedadam", "qfedavg", "fedadmm"}
+# Elastic aggregation scales a lone client's step by ζ ≠ 1; FedFomo keeps no global model (W stays W^0).
+SERVER_OPTIMISERS = {"fedadagrad", "fedyogi", "fedadam", "qfedavg", "fedadmm", "elastic", "fedfomo"}
 # Rules that need a network with features and convolutions; every rule of STRATEGIES runs there too.
 IMAGE_STRATEGIES = {
     "fedavg": FedAvg,
@@ -121,6 +133,12 @@ IMAGE_STRATEGIES = {
     # calibrated every round, so that a run resumed for more rounds continues as a straight run does (the default
     # calibrates after the last round only, which a 1-round run has already done)
     "ccvr": lambda: CCVR(calibrate_every=1, virtual_per_class=20, calib_steps=5),
+    "knn_per": lambda: KNNPer(k=3),
+    "elastic": ElasticAggregation,
+    "fedfomo": lambda: FedFomo(num_models=2, val_fraction=1.0),
+    "fedpac": lambda: FedPAC(lam=1.0, head_epochs=1),
+    "local_only": LocalOnly,
+    "fedgen": lambda: FedGen(generator_hidden=8, noise_dim=4, generator_steps=5, generated_batch_size=8),
 }
 # CCVR pools the clients' class covariances with N_c − 1 denominators (Eq. 4), so three identical clients give a
 # covariance (3N − 3)/(3N − 1) times one client's, and different virtual features: not where one alone ends.
@@ -137,6 +155,8 @@ WRAPPERS = {
     "sign_flip": lambda: Attack(FedAvg(), kind="sign_flip", fraction=0.3),
     "gaussian": lambda: Attack(FedAvg(), kind="gaussian", fraction=0.3),
     "dp": lambda: DPFedAvg(FedAvg(), clip_norm=0.5, noise_multiplier=0.8, insecure_seeded_noise=True),
+    "local_dp": lambda: LocalDP(FedAvg(), clip_norm=0.5, epsilon=0.5, insecure_seeded_noise=True),
+    "dp_sgd": lambda: DPSGD(FedAvg(), max_grad_norm=0.5, noise_multiplier=0.8, insecure_seeded_noise=True),
 }
 # …and with nothing to do: every client alike (nothing to reject), no noise and a clip never reached.
 NEUTRAL_WRAPPERS = {
@@ -145,6 +165,8 @@ NEUTRAL_WRAPPERS = {
     "krum": lambda: RobustAggregation(FedAvg(), aggregator="krum", f=1),
     "bulyan": lambda: RobustAggregation(FedAvg(), aggregator="bulyan", f=1),
     "dp": lambda: DPFedAvg(FedAvg(), clip_norm=1e6, noise_multiplier=0.0),
+    "local_dp": lambda: LocalDP(FedAvg(), clip_norm=1e6, epsilon=1e15, mechanism="laplace", delta=0.0),
+    "dp_sgd": lambda: DPSGD(FedAvg(), max_grad_norm=1e6, noise_multiplier=0.0),
 }
 SEVEN = ([4, 6, 10, 8, 6, 12, 4], [1.0, -2.0, 4.0, 0.5, 1.5, -1.0, 2.0])
 
@@ -294,7 +316,10 @@ def _assert_same_state(a, b):
 # An attack's attackers are client identities drawn from the run's stream: permuting which data each client
 # holds changes what the attackers send, so attacks are held to the round trip only (and, in
 # test_robust_distributed.py, to giving one process's result with two).
-@pytest.mark.parametrize("name", [name for name in WRAPPERS if not isinstance(WRAPPERS[name](), Attack)])
+# Local DP's and DP-SGD's noise is drawn per client identity too (each client its own stream), so the same holds.
+@pytest.mark.parametrize(
+    "name", [name for name in WRAPPERS if not isinstance(WRAPPERS[name](), Attack | ClientPrivacy)]
+)
 def test_a_wrapped_result_does_not_depend_on_client_order(name, tmp_path):
     (sizes, values), order = SEVEN, [5, 2, 0, 6, 3, 1, 4]
     kwargs = {"rounds": 2, "lr": 0.5, "local_epochs": 2}

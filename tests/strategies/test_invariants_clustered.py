@@ -15,7 +15,7 @@ from fedlight.callbacks import BackboneFeatureCache
 from fedlight.clients.unsupervised import UnsupervisedSegmentationClient
 from fedlight.data import FederatedDataModule, StreetScenes
 from fedlight.engine.trainer import FederatedTrainer
-from fedlight.strategies import LADD, ClusteredFedAvg, FedCC, FedCCMOON, FedCCProx
+from fedlight.strategies import CFL, LADD, ClusteredFedAvg, FedCC, FedCCMOON, FedCCProx
 from tests.strategies import ladd_run
 from tests.strategies.test_invariants import _assert_same_state
 from tests.test_bank import make_data, make_model
@@ -30,6 +30,8 @@ CENTROID_RULES = {
 BANK_RULES = {
     "clustered_bn": lambda: ClusteredFedAvg(clusters=[0, 0, 1], cluster_layers="bn"),
     "clustered_all": lambda: ClusteredFedAvg(clusters=[1, 0, 1], cluster_layers="all"),
+    # splits once before the checkpoint of the round-trip test and once after it
+    "cfl": lambda: CFL(eps1=1e3, eps2=1e-6, max_clusters=3),
 }
 
 
