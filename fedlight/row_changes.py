@@ -36,7 +36,7 @@ PLACEMENT = frozenset({
     "trainer.channels_last", "trainer.client_batching", "trainer.compile_batched", "trainer.compile_steps",
     "trainer.gather_budget_mb", "trainer.client_state_budget_mb", "trainer.keep_client_states",
     "trainer.fail_fast", "trainer.rendezvous_timeout", "trainer.init_from", "data.eval_batch_size",
-    "data.num_workers",
+    "data.num_workers", "data.test_groups",
 })  # fmt: skip
 #: last parts of a setting that name where a file or folder is, or how it is fetched
 LOCATIONS = frozenset({"root", "download", "checksums", "pretrained_file", "style_file", "clusters_file"})

@@ -32,9 +32,12 @@ PRETRAINING = {"source_only": None, "pretrain_fda": 1, "pretrain_fda_1x1": 0, "p
 #: MCD's rows (Tables 2–4 and the twin), FTDA's (Table 2 only)
 MCD = {"mcd_centralized", "mcd_fl_uda"}
 FTDA = {"ftda_centralized", "ftda_federated"}
+#: Table 8's rows on the twin (CrossCity's are crosscity_4clients/)
+TABLE8 = {"table8_source_only", "table8_pretrain_fda", "table8_ladd"}
 ROWS = {
     "crosscity": set(FEDERATED) | set(PRETRAINING) | MCD,
-    "twin": set(FEDERATED) | set(PRETRAINING) | {"oracle_federated"} | MCD,
+    "crosscity_4clients": {"source_only", "pretrain_fda", "ladd"},
+    "twin": set(FEDERATED) | set(PRETRAINING) | {"oracle_federated"} | MCD | TABLE8,
     "cityscapes": {"source_only", "pretrain_fda", "fedavg_st", "ladd_cls", "ladd_all", "oracle_federated",
                    "oracle_centralized"} | MCD | FTDA,
     "mapillary": {"source_only", "pretrain_fda", "fedavg_st", "ladd_cls", "ladd_all", "oracle_federated"} | MCD,
@@ -200,3 +203,50 @@ def test_every_released_row_has_its_papers_row():
     for folder in CONF.glob("*/released_code"):
         rows = {p.stem for p in folder.glob("*.yaml")} - {"base"}
         assert rows and rows <= ROWS[folder.parent.name], folder
+
+
+#: what Table 8's rows change in the FFREEDA row they follow: one client per city, scored city by city
+TABLE8_SPLIT = {
+    ("data", "dataset", "init_args", "one_client_per_city"): True,
+    ("data", "test_groups"): True,
+}
+
+
+@pytest.mark.parametrize(
+    ("table8", "ffreeda", "changes"),
+    [
+        ("crosscity_4clients/ladd", "crosscity/fda_st_kd_swat", {
+            ("trainer", "default_root_dir"): "runs/ladd/crosscity_4clients",
+            ("trainer", "init_from"): "runs/ladd/crosscity_4clients/pretrain_fda/version_0/checkpoints/last.ckpt",
+            ("strategy", "init_args", "clusters_file"): None,
+        }),
+        ("twin/table8_ladd", "twin/fda_st_kd_swat", {
+            ("trainer", "init_from"): "runs/ladd/twin/table8_pretrain_fda/version_0/checkpoints/last.ckpt",
+            ("trainer", "clients_per_round"): 4,
+        }),
+        ("crosscity_4clients/source_only", "crosscity/source_only", {
+            ("trainer", "default_root_dir"): "runs/ladd/crosscity_4clients",
+            ("data", "test_groups"): True,
+        }),
+        ("twin/table8_source_only", "twin/source_only", {("data", "test_groups"): True}),
+    ],
+)  # fmt: skip
+def test_table8_rows_are_their_ffreeda_rows_on_one_client_per_city_scored_by_city(table8, ffreeda, changes):
+    """Table 8's LADD is Table 5's FDA+ST+KD+SWAt (no clusters) on the four city clients, from the FDA pre-training
+    on those four clients' styles; its source only is Table 3's, scored city by city."""
+    row, base = _flat(resolved(CONF / f"{table8}.yaml")), _flat(resolved(CONF / f"{ffreeda}.yaml"))
+    expected = changes if "source_only" in table8 else {**TABLE8_SPLIT, **changes}
+    differing = {key for key in row.keys() | base.keys() if row.get(key) != base.get(key)} - {("trainer", "name")}
+    assert differing == set(expected)
+    assert {key: row.get(key) for key in expected} == expected
+    assert row.get(("strategy", "init_args", "clustering"), False) is False
+
+
+@pytest.mark.parametrize("dataset", ["crosscity_4clients", "twin"])
+def test_table8s_pretraining_restyles_with_the_four_city_clients_styles(dataset):
+    name = "pretrain_fda" if dataset == "crosscity_4clients" else "table8_pretrain_fda"
+    data = resolved(CONF / dataset / f"{name}.yaml")["data"]
+    augment = data["train_transform"]["init_args"]
+    assert augment["target"]["init_args"]["one_client_per_city"] is True and augment["b"] == 1
+    assert augment["style_file"].endswith(("crosscity_4clients/styles_b1.pt", "twin/styles_cities_b1.pt"))
+    assert data["test_groups"] is True

@@ -22,6 +22,12 @@ writes its tables to ``benchmarks/ladd/results/``; other runs write them beside 
     python benchmarks/ladd/twin.py --reduced --rows source_only pretrain_fda fda_st_kd ladd_all --out /tmp/x  # CI
     # the federated rows as LADD's released code runs them (conf/ladd/twin/released_code/)
     python benchmarks/ladd/twin.py --released-code --seeds 0 1 2 --rows pretrain_fda fda_st_kd_swat ladd_all --out ...
+    # Table 8: four clients, one per style city, scored city by city (its pre-training runs first)
+    python benchmarks/ladd/twin.py --seeds 0 1 2 --rows table8_source_only table8_ladd --out runs/ladd/table8
+
+A federated row whose pre-training is neither among ``--rows`` nor in ``--pretrained`` has it run first. Rows scored
+city by city (``--data.test_groups``: Table 8's) add each city's tail mean and that of the cities' mean to
+``twin.json`` and a Table 8 to ``twin.md``.
 
 The table ``twin.md`` ends with the paired comparisons of :data:`COMPARISONS` that the runs hold: per seed the
 later row's score minus the earlier's (routed for rows with clusters, global otherwise), their mean ± standard
@@ -51,9 +57,15 @@ from paired import paired, seeds_needed
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf/ladd/twin"
 RESULTS = REPO / "benchmarks/ladd/results"
-PRETRAINING = ["source_only", "pretrain_fda_1x1", "pretrain_fda", "pretrain_fda_5x5"]
+PRETRAINING = ["source_only", "pretrain_fda_1x1", "pretrain_fda", "pretrain_fda_5x5", "table8_source_only",
+               "table8_pretrain_fda"]  # fmt: skip
 FEDERATED = ["st", "fedavg_st", "fda_st_kd", "fda_st_kd_swat", "fda_st_kd_clu", "ladd_all", "ladd_bn", "ladd_backbone",
-             "ladd_cls"]  # fmt: skip
+             "ladd_cls", "table8_ladd"]  # fmt: skip
+#: the pre-training a federated row starts from, where it is not ``pretrain_fda``
+SOURCE = {"st": "source_only", "table8_ladd": "table8_pretrain_fda"}
+#: the style pool each FDA pre-training writes in its seed's folder
+STYLE_FILES = {"pretrain_fda_1x1": "styles_b0.pt", "pretrain_fda": "styles_b1.pt", "pretrain_fda_5x5": "styles_b2.pt",
+               "table8_pretrain_fda": "styles_cities_b1.pt"}  # fmt: skip
 #: the order rows run in: the federated rows need only the first two pre-trainings; Table 6's other windows last
 ORDER = ["source_only", "pretrain_fda", "fedavg_st", "fda_st_kd", "fda_st_kd_swat", "ladd_all", "ladd_cls", "st",
          "fda_st_kd_clu", "ladd_bn", "ladd_backbone", "pretrain_fda_1x1", "pretrain_fda_5x5"]  # fmt: skip
@@ -64,6 +76,11 @@ MAIN = ["source_only", "pretrain_fda", "fedavg_st", "fda_st_kd", "fda_st_kd_swat
 PAPER = {"source_only": 26.49, "pretrain_fda_1x1": 31.59, "pretrain_fda": 32.43, "pretrain_fda_5x5": 32.51,
          "st": 30.58, "fedavg_st": 33.59, "fda_st_kd": 37.49, "fda_st_kd_swat": 38.83, "fda_st_kd_clu": 39.18,
          "ladd_bn": 38.72, "ladd_backbone": 39.31, "ladd_cls": 39.87, "ladd_all": 40.09}  # fmt: skip
+#: Table 8's rows: the paper's per-city mIoU % (Rio, Rome, Taipei, Tokyo) and their average, on CrossCity in [72]'s
+#: four-client split (the source-only row is [72]'s own model)
+PAPER_TABLE8 = {"table8_source_only": (27.9, 27.6, 26.0, 28.2, 27.4), "table8_ladd": (35.4, 34.0, 31.5, 32.4, 33.3)}
+#: test/<name>/miou keys that are no city's
+NOT_CITIES = {"routed", "group_mean", "released_global", "personal"}
 #: ``--reduced``: a smoke run of a few seconds per row (CI), not a measurement
 REDUCED_PRETRAINING = ["--trainer.rounds=3", "--data.dataset.init_args.num_source_samples=160",
                        "--data.dataset.init_args.num_test_per_city=10"]  # fmt: skip
@@ -120,15 +137,14 @@ def run_row(
     args = ["fit", "--config", str(config), f"--trainer.default_root_dir={out}",
             "--trainer.logger=csv", "--trainer.enable_progress_bar=false", f"--seed_everything={seed}",
             f"--data.dataset.init_args.seed={seed}"]  # fmt: skip
-    if row.startswith("pretrain_fda"):  # the style pools are written next to the runs
-        b = {"pretrain_fda_1x1": 0, "pretrain_fda": 1, "pretrain_fda_5x5": 2}[row]
-        args.append(f"--data.train_transform.init_args.style_file={out}/styles_b{b}.pt")
+    if row in STYLE_FILES:  # the style pools are written next to the runs
+        args.append(f"--data.train_transform.init_args.style_file={out}/{STYLE_FILES[row]}")
         args.append(f"--data.train_transform.init_args.target.init_args.seed={seed}")  # the same clients' styles
     if reduced:
         args += REDUCED_FEDERATED if row in FEDERATED else REDUCED_PRETRAINING
         args += [] if row in NO_SWA or row not in FEDERATED else ["--strategy.init_args.swa_start=2"]
     if row in FEDERATED:
-        source = "source_only" if row == "st" else "pretrain_fda"
+        source = SOURCE.get(row, "pretrain_fda")
         sources = out if pretrained is None else pretrained / out.name
         args.append(f"--trainer.init_from={sources}/{source}/version_0/checkpoints/last.ckpt")
         args += CODE_BEHAVIOURS if code else []
@@ -139,6 +155,8 @@ def run_row(
     run_dir = out / row / "version_0"
     with open(run_dir / "metrics.csv", newline="") as file:
         rows = list(csv.DictReader(file))
+    cities = [key.split("/")[1] for key in rows[0] if re.fullmatch(r"test/[^/]+/miou", key)]
+    cities = [city for city in cities if city not in NOT_CITIES]
     return {
         "row": row,
         "seed": seed,
@@ -152,6 +170,8 @@ def run_row(
         else None,
         "clusters": float(rows[-1]["clusters/k"]) if rows[-1].get("clusters/k") else None,
         "cluster_accuracy": cluster_accuracy(run_dir),
+        "cities": {city: tail_summary(rows, f"test/{city}/miou") for city in cities} or None,
+        "city_mean": tail_summary(rows, "test/group_mean/miou"),
     }
 
 
@@ -198,6 +218,8 @@ def main() -> None:
     if args.lr is not None and not args.lr > 0:
         parser.error(f"--lr must be a learning rate > 0, got {args.lr}")
     rows = args.rows or (ORDER if len(args.seeds) == 1 else MAIN)
+    if args.pretrained is None:
+        rows = with_pretrainings(rows)
     torch.set_num_threads(args.threads)
     if args.out.exists():
         raise SystemExit(f"{args.out} exists; remove it or pass --out elsewhere, so every row is version_0")
@@ -213,6 +235,21 @@ def main() -> None:
             )  # fmt: skip
             print(json.dumps(results[-1]), flush=True)
             write_tables(results, results_dir)
+
+
+def with_pretrainings(rows: list[str]) -> list[str]:
+    """``rows`` with, before each federated row, the pre-training it starts from when ``rows`` lack it.
+
+    >>> with_pretrainings(["table8_source_only", "table8_ladd", "st"])
+    ['table8_source_only', 'table8_pretrain_fda', 'table8_ladd', 'source_only', 'st']
+    """
+    out: list[str] = []
+    for row in rows:
+        source = SOURCE.get(row, "pretrain_fda") if row in FEDERATED else None
+        if source is not None and source not in rows and source not in out:
+            out.append(source)
+        out.append(row)
+    return out
 
 
 def write_tables(results: list[dict[str, object]], results_dir: Path) -> None:
@@ -242,9 +279,37 @@ def write_tables(results: list[dict[str, object]], results_dir: Path) -> None:
                      f"| {fmt(summary('routed'))} | {fmt(gains)} | {'/'.join(k) or '–'} | "
                      f"{'–' if accuracy is None else f'{100 * accuracy[0]:.0f} %'} | {seconds:.1f} |")  # fmt: skip
     lines += paired_lines(results)
+    lines += table8_lines(results)
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "twin.md").write_text("\n".join(lines) + "\n")
     (results_dir / "twin.json").write_text(json.dumps(results, indent=1))
+
+
+def table8_lines(results: list[dict[str, object]]) -> list[str]:
+    """Table 8 of the rows scored city by city: each city's mIoU and the mean over cities (over seeds: the mean ±
+    std of the seeds' tail means; one seed: the tail's mean ± std), beside the paper's CrossCity row."""
+    scored = [r for r in results if r.get("cities")]
+    if not scored:
+        return []
+    cities = list(scored[0]["cities"])
+    lines = ["", "Table 8 (per city; the twin's cities are not the paper's, whose row is Rio / Rome / Taipei / Tokyo "
+             "/ Avg):", "", f"| row | paper | {' | '.join(cities)} | mean over cities | all images |",
+             f"|---|---|{'---|' * len(cities)}---|---|"]  # fmt: skip
+    for row in dict.fromkeys(r["row"] for r in scored):
+        runs = [r for r in scored if r["row"] == row]
+        paper = " / ".join(f"{v:.1f}" for v in PAPER_TABLE8[row]) if row in PAPER_TABLE8 else "–"
+        per_city = " | ".join(fmt(seed_summary([r["cities"].get(c) for r in runs])) for c in cities)
+        lines.append(f"| {row} | {paper} | {per_city} | {fmt(seed_summary([r['city_mean'] for r in runs]))} "
+                     f"| {fmt(seed_summary([r['global'] for r in runs]))} |")  # fmt: skip
+    return lines
+
+
+def seed_summary(tails: list[tuple[float, float] | None]) -> tuple[float, float] | None:
+    """One run's tail mean ± std, or over several seeds the mean ± std of their tail means."""
+    present = [tail for tail in tails if tail is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+    return over_seeds([mean for mean, _ in present])
 
 
 def score(result: dict[str, object]) -> float | None:

@@ -32,6 +32,9 @@ from fedlight.data.partition import Natural, Partitioner
 from fedlight.data.transforms import BatchTransform
 from fedlight.errors import ConfigError
 
+#: prefixes of other ``test/`` metrics, which no test group may be named
+RESERVED_GROUP_NAMES = frozenset({"routed", "released_global", "personal", "group_mean"})
+
 
 class FederatedDataModule:
     """Partitions a dataset over clients and serves their batches.
@@ -70,6 +73,11 @@ class FederatedDataModule:
             ``DistributedSampler`` (seed 0) gives when its epoch is never advanced, as LADD's released code
             trains (the same for every client of a size; the epoch's short last batch is then always the same
             samples). Augmentations still draw from the round's stream.
+        test_groups: score the global test set also group by group, its groups being the natural ones its
+            samples carry (``LabelledTensors.groups`` of the dataset's ``load_test``: the city of every CrossCity or
+            style-cities test image). Each evaluation then adds ``test/<group>/<metric>`` for every per-group
+            metric of the module (segmentation: ``miou``) and ``test/group_mean/<metric>``, their unweighted mean
+            over the groups; the pooled ``test/<metric>`` stays one score over every test sample.
     """
 
     def __init__(
@@ -85,6 +93,7 @@ class FederatedDataModule:
         drop_last: bool = False,
         return_index: bool = False,
         shuffle: Literal["every_round", "fixed"] = "every_round",
+        test_groups: bool = False,
     ) -> None:
         if not isinstance(dataset, FederatedDataset):
             dataset = TorchDataset(dataset)
@@ -117,6 +126,10 @@ class FederatedDataModule:
         self.min_last_batch = 1
         self.return_index = return_index
         self.shuffle = shuffle
+        self.test_groups = test_groups
+        #: the test set's groups, in the order of their indices in ``test_batches(by_group=True)``; empty unless
+        #: ``test_groups``
+        self.test_group_names: tuple[str, ...] = ()
         self.device = torch.device("cpu")
         self._is_setup = False
 
@@ -164,6 +177,8 @@ class FederatedDataModule:
             train.append(np.sort(indices[:num_train]))
             held_out.append(np.sort(indices[num_train:]))
         test = self.dataset.load_test()
+        if self.test_groups:
+            self.test_group_names, self.test_group = self._test_groups(test)
         # labels in range, integer, finite inputs: here, not in the round that first reads a bad sample
         self.checks = SampleChecks(self.dataset, self.num_classes, list(zip(train, held_out, strict=True)), len(pool))
         problems = self.checks.problems(pool, test)
@@ -183,6 +198,29 @@ class FederatedDataModule:
             self.train_transform.setup()
         self._is_setup = True
 
+    def _test_groups(self, test: LabelledTensors | None) -> tuple[tuple[str, ...], torch.Tensor]:
+        """The names of the test set's groups (sorted) and ``[N_test]`` the group index of every test sample."""
+        if test is None or test.groups is None:
+            what = "no separate test set" if test is None else "a test set without groups"
+            raise ConfigError(
+                f"--data.test_groups=true scores the global test set group by group, but "
+                f"{type(self.dataset).__name__} gives {what}. Use a dataset whose test samples carry their group "
+                "(CrossCity, StyleCities) or set --data.test_groups=false."
+            )
+        names, index = np.unique(np.asarray(test.groups).astype(str), return_inverse=True)
+        clashing = sorted(set(names) & RESERVED_GROUP_NAMES) + [n for n in names if "/" in n]
+        if clashing:
+            raise ConfigError(
+                f"The test set's groups {clashing} would clash with other test metrics' keys (test/<group>/<metric>; "
+                f"reserved: {sorted(RESERVED_GROUP_NAMES)}, and no '/'). Rename them in the dataset's load_test."
+            )
+        return tuple(str(n) for n in names), torch.from_numpy(index.reshape(-1)).long()
+
+    @property
+    def num_test_groups(self) -> int:
+        """The groups the test set is scored by: its groups' count with ``test_groups``, else one."""
+        return max(1, len(self.test_group_names))
+
     @property
     def num_clients(self) -> int:
         return len(self.client_train)
@@ -199,6 +237,8 @@ class FederatedDataModule:
         self.held_out_group = self.held_out_group.to(device)
         if self.test is not None:
             self.test = self.test.to(device)
+        if self.test_group_names:
+            self.test_group = self.test_group.to(device)
         return self
 
     def num_batches(self, client: int) -> int:
@@ -270,8 +310,9 @@ class FederatedDataModule:
                 group[start : start + len(batch)],
             )
 
-    def test_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Yields ``(x, y, 0)`` batches over the global test set.
+    def test_batches(self, by_group: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Yields ``(x, y, 0)`` batches over the global test set; with ``by_group`` and ``test_groups``, ``(x, y,
+        group index)``, the index into :attr:`test_group_names`.
 
         Without a separate test set, the global test set is the union of the clients' held-out splits,
         as in FedProx's and the prototype-margin paper's evaluation.
@@ -280,10 +321,14 @@ class FederatedDataModule:
             for x, y, group in self.held_out_batches():
                 yield x, y, torch.zeros_like(group)
             return
+        grouped = by_group and bool(self.test_group_names)
         for start in range(0, len(self.test), self.eval_batch_size):
             batch = slice(start, min(start + self.eval_batch_size, len(self.test)))
             x, y = _take(self.test.inputs, batch, self.device), self._targets(self.test, batch)
-            yield x, y, torch.zeros(len(x), dtype=torch.int64, device=self.device)
+            if grouped:
+                yield x, y, self.test_group[batch].to(self.device)
+            else:
+                yield x, y, torch.zeros(len(x), dtype=torch.int64, device=self.device)
 
     def _targets(self, data: LabelledTensors, index: torch.Tensor | slice) -> torch.Tensor:
         """``data.targets[index]`` on the device; lazily read label maps are checked as they are read (resident

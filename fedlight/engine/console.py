@@ -24,10 +24,12 @@ from fedlight.context import due
 T = TypeVar("T")
 
 #: Metrics shown in round lines and the summary, in this order, when the run has them. A rule that routes samples to
-#: cluster models (LADD) reports the routed scores, so they sit right after the global model's; a differentially
-#: private rule's ε so far closes the line.
+#: cluster models (LADD) reports the routed scores, so they sit right after the global model's, followed by the mean
+#: of the test groups' mIoU where the test set is scored by group; a differentially private rule's ε so far closes
+#: the line.
 SHOWN = (
-    "train/loss", "test/acc", "test/miou", "test/routed/acc", "test/routed/miou", "test/loss", "clients/acc",
+    "train/loss", "test/acc", "test/miou", "test/routed/acc", "test/routed/miou", "test/group_mean/miou", "test/loss",
+    "clients/acc",
     "clients/miou", "clients/routed/miou", "clients/personal/acc", "clients/personal/miou", "test/personal/acc",
     "test/personal/miou", "dp/epsilon",
 )  # fmt: skip

@@ -3,7 +3,8 @@
 Batches are spread over processes and the metric states (sufficient statistics) are summed, so every process
 gets the same numbers. When the dataset has no separate test set, the global test set is the union of the
 held-out splits and one pass serves both. A clustered rule that routes a split also gets ``routed/<metric>``:
-every sample scored by the bank member the rule routes it to.
+every sample scored by the bank member the rule routes it to. With ``--data.test_groups`` the test set's pass also
+gives each of its groups' scores (``test/<group>/<metric>``, ``test/group_mean/<metric>``; :func:`group_scores`).
 
 With ``--trainer.eval_clients`` the clients' splits of most evaluations are those of a sample of the clients,
 drawn from the run's evaluation stream of the round, so that a round's cost does not grow with the population;
@@ -113,7 +114,7 @@ class Evaluator:
             if test and shared_pass:
                 metrics.update({f"test/{k}": v for k, v in result.items() if self._is_test_metric(k)})
         if test and not shared_pass:
-            result = self._pass(data.test_batches(), 1, "test")
+            result = self._pass(data.test_batches(by_group=True), data.num_test_groups, "test")
             metrics.update({f"test/{k}": v for k, v in result.items() if self._is_test_metric(k)})
         return metrics
 
@@ -125,7 +126,8 @@ class Evaluator:
         return self._scorable
 
     def _is_test_metric(self, key: str) -> bool:
-        return key.removeprefix("routed/") in self.model.module.test_metrics
+        """``<metric>``, ``routed/<metric>``, ``<group>/<metric>``…: a metric the module reports on the test set."""
+        return key.rpartition("/")[2] in self.model.module.test_metrics
 
     def _metric(self, num_groups: int, routed: bool = False) -> Metric:
         """The module's evaluation metric over ``num_groups`` groups, reset; built once and reused every round."""
@@ -158,8 +160,9 @@ class Evaluator:
                 raise EvaluationFailed(self._culprit(batch, batch_idx, split, err)) from err
             if routed:
                 mine.append((batch_idx, batch, strategy.route(self.context, batch, split)))
+        groups = self.datamodule.test_group_names if split == "test" else ()
         computed = merged(metric)
-        result = scalar_metrics(computed)
+        result = {**scalar_metrics(computed), **group_scores(computed, groups)}
         if split == "clients":
             result.update(client_spread(computed))  # per-client values and their spread over the clients
         if routed:
@@ -173,7 +176,9 @@ class Evaluator:
                         with precision.forward_context():
                             routed_metric.update(**module.validation_step(part, batch_idx))
             model.load()
-            result.update({f"routed/{k}": v for k, v in scalar_metrics(merged(routed_metric)).items()})
+            computed = merged(routed_metric)
+            routed_result = {**scalar_metrics(computed), **group_scores(computed, groups)}
+            result.update({f"routed/{k}": v for k, v in routed_result.items()})
         return result
 
     def _culprit(self, batch: tuple, batch_idx: int, split: str, err: Exception) -> str:
@@ -207,6 +212,31 @@ def merged(metric: Metric) -> Any:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"The ``compute`` method of metric .* before the ``update``")
         return metric.compute()
+
+
+def group_scores(computed: dict[str, Any], names: tuple[str, ...]) -> dict[str, float]:
+    """Each group's score by name, from an evaluation metric's output over ``len(names)`` groups.
+
+    For every per-group ``group_<m>`` (``[G]``, NaN for a group without samples): ``<name>/<m>`` for each group, and
+    ``group_mean/<m>``, the metric's own ``<m>_mean``: the unweighted mean over the groups that hold samples (the
+    mean of the cities' mIoU, not the mIoU of their pooled pixels). Nothing without names.
+
+    >>> computed = {"miou": torch.tensor(0.5), "group_miou": torch.tensor([0.25, 0.75]), "miou_mean": torch.tensor(0.5)}
+    >>> group_scores(computed, ("Rio", "Rome"))
+    {'Rio/miou': 0.25, 'Rome/miou': 0.75, 'group_mean/miou': 0.5}
+    """
+    out: dict[str, float] = {}
+    if not names:
+        return out
+    for key, values in computed.items():
+        if not key.startswith("group_") or getattr(values, "ndim", 0) != 1:
+            continue
+        name = key.removeprefix("group_")
+        assert len(values) == len(names), f"{key} holds {len(values)} values for the {len(names)} groups {names}"
+        out.update({f"{group}/{name}": value for group, value in zip(names, values.tolist(), strict=True)})
+        if f"{name}_mean" in computed:
+            out[f"group_mean/{name}"] = float(computed[f"{name}_mean"])
+    return out
 
 
 def format_scores(metrics: dict[str, float]) -> str:

@@ -1,12 +1,14 @@
 """The data module's dense-target, augmentation and lazy-pool paths (classification is covered by the trainer tests)."""
 
 import numpy as np
+import pytest
 import torch
 
 from fedlight.data import Digits, FederatedDataModule, Scenes, StyleCities
 from fedlight.data.base import FederatedDataset, LabelledTensors, LazySamples
 from fedlight.data.partition import DirichletPowerLaw
 from fedlight.data.transforms import RandomScaleCropFlip
+from fedlight.errors import ConfigError
 
 
 class Lazy(LazySamples):
@@ -161,3 +163,15 @@ def test_a_fixed_order_is_the_one_a_distributed_sampler_replays_every_round() ->
         for s in (3, 4)
     ]
     assert orders[0] != orders[1]
+
+
+def test_test_groups_index_the_test_sets_groups_and_need_a_test_set_that_has_them() -> None:
+    cities = StyleCities(num_clients_per_city=1, client_size=(4, 6), num_test_per_city=2, image_size=16, seed=0)
+    data = FederatedDataModule(cities, batch_size=4, test_fraction=0.0, eval_batch_size=3, test_groups=True)
+    data.setup()
+    assert data.test_group_names == ("cool", "dim", "grey", "warm") and data.num_test_groups == 4
+    grouped = torch.cat([group for _, _, group in data.test_batches(by_group=True)])
+    assert [data.test_group_names[g] for g in grouped.tolist()] == data.test.groups.tolist()
+    assert all((group == 0).all() for _, _, group in data.test_batches())  # other passes see one group
+    with pytest.raises(ConfigError, match=r"--data\.test_groups=true"):
+        _datamodule(_scenes(), test_groups=True)  # Scenes' test set carries no groups

@@ -1,13 +1,19 @@
-"""Each client's accuracy at evaluation reaches W&B (histogram and table) and its spread reaches metrics.csv."""
+"""Each client's accuracy at evaluation reaches W&B (histogram and table) and its spread reaches metrics.csv; with
+``--data.test_groups`` the test set is scored group by group too."""
 
 import csv
 
 import numpy as np
+import pytest
 import torch
 import wandb
 
 import fedlight.engine.loggers
+from fedlight.clients import SegmentationClient
+from fedlight.data import FederatedDataModule, StyleCities
+from fedlight.data.twins.style_cities import CITIES
 from fedlight.engine.loggers import client_spread, histogram_metrics
+from fedlight.engine.trainer import FederatedTrainer
 from fedlight.strategies import FedAvg
 from tests.callbacks.small_run import make_data, make_model, make_trainer
 
@@ -77,3 +83,35 @@ def test_the_table_names_each_client_with_data_and_the_histogram_counts_them():
     logged = histogram_metrics({"clients/acc_per_client": torch.tensor([0.5, float("nan"), 1.0])})
     assert logged["clients/acc_table"].data == [[0, 0.5], [2, 1.0]]
     assert sum(logged["clients/acc_per_client"].histogram) == 2
+
+
+def _miou_by_hand(preds: np.ndarray, target: np.ndarray, num_classes: int) -> float:
+    """mIoU from one confusion matrix counted with numpy: the mean IoU over the classes in labels or predictions."""
+    valid = target != 255
+    confmat = np.bincount(num_classes * target[valid] + preds[valid], minlength=num_classes**2)
+    confmat = confmat.reshape(num_classes, num_classes)  # [true, predicted]
+    intersection = np.diag(confmat)
+    union = confmat.sum(axis=0) + confmat.sum(axis=1) - intersection
+    return float(np.mean(intersection[union > 0] / union[union > 0]))
+
+
+def test_the_test_set_is_scored_city_by_city_from_one_confusion_matrix_per_city(tmp_path):
+    cities = StyleCities(num_clients_per_city=1, client_size=(4, 6), num_test_per_city=3, image_size=16,
+                         num_object_classes=2, seed=0)  # fmt: skip
+    # batches of 5 of the 12 test images cut across the cities' runs of 3
+    data = FederatedDataModule(cities, batch_size=4, test_fraction=0.0, eval_batch_size=5, test_groups=True)
+    torch.manual_seed(0)
+    model = SegmentationClient(num_classes=3, input_shape=(3, 16, 16), model="mini_deeplab")
+    trainer = FederatedTrainer(rounds=1, clients_per_round=2, local_epochs=1, default_root_dir=tmp_path, logger="csv",
+                               enable_progress_bar=False)  # fmt: skip
+    metrics = trainer.fit(model, data, FedAvg())
+
+    with torch.no_grad():
+        preds = trainer.global_module()(data.test.inputs).argmax(dim=1).numpy()
+    target, city = data.test.targets.numpy(), data.test.groups
+    expected = {name: _miou_by_hand(preds[city == name], target[city == name], 3) for name in CITIES}
+    assert {name: metrics[f"test/{name}/miou"] for name in CITIES} == pytest.approx(expected, abs=1e-6)
+    assert metrics["test/group_mean/miou"] == pytest.approx(np.mean(list(expected.values())), abs=1e-6)
+    assert metrics["test/miou"] == pytest.approx(_miou_by_hand(preds, target, 3), abs=1e-6)  # still pooled
+    with open(trainer.run_dir / "metrics.csv", newline="") as file:
+        assert float(list(csv.DictReader(file))[-1]["test/grey/miou"]) == pytest.approx(expected["grey"], abs=1e-6)

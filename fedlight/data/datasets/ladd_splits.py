@@ -20,10 +20,11 @@ batch reads it (truncated, garbage, a colour rendering in place of the ids) are 
 
 Clients are the split files' users (``Rio7``, ``aachen3``, ``EU12``): the datasets give them as natural ids, so
 the :class:`~fedlight.data.partition.Natural` partitioner reproduces LADD's partition (144 Cityscapes clients, 472
-CrossCity clients, 357 Mapillary clients). The test set is the file's single ``test_user``. Label PNGs hold
-Cityscapes label ids (Mapillary its own ids), mapped to train ids with LADD's tables (19 classes; 13 for
-CrossCity and for GTA5 pre-training towards it); other ids become void (255). CrossCity's training clients
-have no labels at all: their targets are void everywhere and only the test set is scored.
+CrossCity clients, 357 Mapillary clients). The test set is the file's single ``test_user``; CrossCity's test
+images carry their city as their group. Label PNGs hold Cityscapes label ids (Mapillary its own ids), mapped to
+train ids with LADD's tables (19 classes; 13 for CrossCity and for GTA5 pre-training towards it); other ids
+become void (255). CrossCity's training clients have no labels at all: their targets are void everywhere and
+only the test set is scored.
 
 Images are read lazily per batch, resized to one ``size`` (H, W) so that batches stack (bilinear for images,
 nearest for labels) and normalised with mean = std = 0.5 (LADD's, for every dataset; its code uses ImageNet
@@ -241,11 +242,18 @@ class CityscapesFFREEDA(_SplitDataset):
 class CrossCity(_SplitDataset):
     """NTHU CrossCity as LADD splits it: Rio, Rome, Taipei and Tokyo in 472 unlabelled clients, 400 test images.
 
+    Every image's city is its folder under ``data/cities/``. The test images carry it as their group (100 per
+    city), so that ``--data.test_groups`` scores each city. ``one_client_per_city`` merges each city's users into one
+    client, which then holds all of that city's training images (3,200 in LADD's files): the four-client split of
+    Yao et al. (FMTDA, WACV 2022) that LADD's Table 8 compares on.
+
     Args:
         root: LADD's data folder.
         size: ``(H, W)`` images are read at (default: CrossCity's full resolution, which LADD tests at; the
             run's transform cuts the 512×1024 training crop).
         test_size: ``(H, W)`` of the test images (default: ``size``).
+        one_client_per_city: one client per city (ids ``Rio``, ``Rome``, ``Taipei``, ``Tokyo``) instead of the
+            split files' users (``Rio7``).
         num_workers: threads that decode a batch.
     """
 
@@ -259,9 +267,26 @@ class CrossCity(_SplitDataset):
 
     def __init__(
         self, root: str, size: tuple[int, int] = (1024, 2048), test_size: tuple[int, int] | None = None,
-        num_workers: int = 4,
+        one_client_per_city: bool = False, num_workers: int = 4,
     ) -> None:  # fmt: skip
         super().__init__(root, size, test_size, num_workers)
+        self.one_client_per_city = one_client_per_city
+
+    def cities(self, pool: LabelledTensors) -> np.ndarray:
+        """``[N]`` the city of every image of ``pool``: the first folder of its path under ``data/cities/``."""
+        base = self.folder / "data" / self.images_dir
+        return np.array([path.relative_to(base).parts[0] for path in pool.inputs.paths])
+
+    def load_train(self) -> LabelledTensors:
+        pool = super().load_train()
+        if self.one_client_per_city:
+            pool.groups = self.cities(pool)
+        return pool
+
+    def load_test(self) -> LabelledTensors:
+        pool = super().load_test()
+        pool.groups = self.cities(pool)
+        return pool
 
 
 class Mapillary(_SplitDataset):

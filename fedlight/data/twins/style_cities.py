@@ -16,10 +16,12 @@ four target cities that look different: weather, light, camera. This twin keeps 
 
 ``domain="source"`` gives the labelled source pool (one natural client, ``"source"``, for a centralized
 pre-training run) and ``domain="target"`` the
-cities' clients, their ids in ``groups`` (``"warm7"``: city and number, like CrossCity's ``"Rome7"``),
-for the :class:`~fedlight.data.partition.Natural` partitioner. Both share one global test set drawn from
-the four cities, so a source-only model is scored where the federation is. The target labels exist so
-that runs can be scored; FFREEDA's clients must not train on them.
+cities' clients, their ids in ``groups`` (``"warm7"``: city and number, like CrossCity's ``"Rome7"``; or the city
+alone with ``one_client_per_city``, like the four-client CrossCity of LADD's Table 8), for the
+:class:`~fedlight.data.partition.Natural` partitioner. Both share one global test set drawn from
+the four cities, whose groups are the cities' names, so a source-only model is scored where the federation is,
+and city by city with ``--data.test_groups``. The target labels exist so that runs can be scored; FFREEDA's
+clients must not train on them.
 
 Inputs are normalised with mean = std = 0.5 per channel, LADD's normalisation, unless ``normalise=False``
 leaves them raw in [0, 1]; FDA styles are taken from raw images (``inputs * 0.5 + 0.5``).
@@ -128,6 +130,8 @@ class StyleCities(FederatedDataset):
     Args:
         domain: ``source``, the labelled pre-training pool, or ``target``, the cities' clients.
         num_clients_per_city: clients in each of the four cities (target domain).
+        one_client_per_city: merge each city's clients into one client with the city's name as its id; the images
+            are those of ``num_clients_per_city`` clients, drawn as without it.
         client_size: ``(min, max)`` images per client, drawn uniformly per client (CrossCity: 17–37).
         num_source_samples: images of the source pool (source domain).
         num_test_per_city: images of each city in the global test set, shared by both domains; 0 for none.
@@ -146,6 +150,7 @@ class StyleCities(FederatedDataset):
         self,
         domain: Literal["source", "target"] = "target",
         num_clients_per_city: int = 25,
+        one_client_per_city: bool = False,
         client_size: tuple[int, int] = (17, 37),
         num_source_samples: int = 1000,
         num_test_per_city: int = 25,
@@ -180,6 +185,7 @@ class StyleCities(FederatedDataset):
             raise ConfigError(*problems)
         self.domain = domain
         self.num_clients_per_city = num_clients_per_city
+        self.one_client_per_city = one_client_per_city
         self.client_size = tuple(client_size)
         self.num_source_samples = num_source_samples
         self.num_test_per_city = num_test_per_city
@@ -207,12 +213,12 @@ class StyleCities(FederatedDataset):
             for number in range(self.num_clients_per_city):
                 size = int(torch.randint(self.client_size[0], self.client_size[1] + 1, (), generator=generator))
                 parts.append(self._scenes(size, generator, self._client_look(look, generator), probabilities))
-                ids += [f"{city}{number}"] * size
+                ids += [city if self.one_client_per_city else f"{city}{number}"] * size
         images, masks, classes = (torch.cat(part) for part in zip(*parts, strict=True))
         return self._finish(images, masks, classes, groups=np.array(ids))
 
     def load_test(self) -> LabelledTensors | None:
-        """Draws the global test set, ``num_test_per_city`` images per city; ``groups`` holds the city index."""
+        """Draws the global test set, ``num_test_per_city`` images per city; ``groups`` holds each one's city."""
         if self.num_test_per_city == 0:
             return None
         generator = self._generator(_TEST_STREAM)
@@ -221,7 +227,7 @@ class StyleCities(FederatedDataset):
             for index, look in enumerate(CITIES.values())
         ]
         images, masks, classes = (torch.cat(part) for part in zip(*parts, strict=True))
-        cities = np.repeat(np.arange(len(CITIES)), self.num_test_per_city)
+        cities = np.repeat(list(CITIES), self.num_test_per_city)
         return self._finish(images, masks, classes, groups=cities)
 
     def class_probabilities(self, city: int) -> torch.Tensor | None:

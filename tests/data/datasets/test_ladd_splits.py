@@ -75,7 +75,18 @@ def test_crosscity_clients_are_the_split_files_users_unlabelled_and_the_test_set
     torch.testing.assert_close(x[0], (torch.from_numpy(pixels).permute(2, 0, 1).float() / 255 - 0.5) / 0.5)
     labels = test.targets[torch.tensor([0, 1])]
     assert labels[0, 0, 0] == 0 and labels[0, 0, -1] == 9 and labels[1, 0, -1] == 255  # road, car, void
-    assert test.groups is None and len(test) == len(test_user["x"])
+    assert test.groups.tolist() == [x.split("/")[0] for x in test_user["x"]] and len(test) == len(test_user["x"])
+
+
+def test_one_client_per_city_merges_the_split_files_users_and_keeps_their_images(tmp_path):
+    write_crosscity(tmp_path)
+    users = CrossCity(str(tmp_path), size=SIZE).load_train()
+    cities = CrossCity(str(tmp_path), size=SIZE, one_client_per_city=True).load_train()
+    assert cities.inputs.paths == users.inputs.paths
+    assert cities.groups.tolist() == [re.sub(r"\d+$", "", user) for user in users.groups]  # Rio7 → Rio
+    clients = Natural()(cities.partition_labels(), 13, np.random.default_rng(0), groups=cities.groups)
+    sizes = [sum(counts.values()) for counts in CROSSCITY_TRAIN.values()]  # Rio, Rome, Taipei, Tokyo: name order
+    assert [len(client) for client in clients] == sizes
 
 
 def _ladd_fit(data, tmp_path, num_classes, cluster_layers, rounds):
@@ -96,6 +107,23 @@ def test_a_federated_ladd_round_on_the_crosscity_miniature(tmp_path):
     assert data.num_clients == sum(map(len, CROSSCITY_TRAIN.values())) and trainer.bank.num_clusters == 2
     assert 0 <= metrics["test/routed/miou"] <= 1 and "test/miou" in metrics
     assert metrics["round/clients_aggregated"] == 2
+
+
+def test_table8s_round_on_the_four_city_clients_scores_every_city(tmp_path):
+    write_crosscity(tmp_path)
+    dataset = CrossCity(str(tmp_path), size=(H, W), one_client_per_city=True, num_workers=1)
+    data = FederatedDataModule(dataset, batch_size=2, test_fraction=0.0, drop_last=True, eval_batch_size=3,
+                               test_groups=True)  # fmt: skip
+    torch.manual_seed(0)
+    model = SelfTrainingClient(num_classes=13, input_shape=(3, H, W), model="mini_deeplab")
+    trainer = FederatedTrainer(rounds=1, clients_per_round=4, local_epochs=1, logger="csv", enable_progress_bar=False,
+                               default_root_dir=tmp_path / "runs")  # fmt: skip
+    metrics = trainer.fit(model, data, LADD(clustering=False, fda_size=(H, W), swa_start=1))
+    cities = ("Rio", "Rome", "Taipei", "Tokyo")
+    assert data.num_clients == 4 and data.test_group_names == cities and metrics["round/clients_aggregated"] == 4
+    scores = [metrics[f"test/{city}/miou"] for city in cities]
+    assert all(0 <= score <= 1 for score in scores)
+    assert metrics["test/group_mean/miou"] == pytest.approx(np.mean(scores))
 
 
 def test_cityscapes_mapillary_and_gta5_layouts_map_their_label_ids(tmp_path):

@@ -40,7 +40,18 @@ def test_client_styles_cluster_by_city_and_test_images_route_to_their_city(citie
     assert clustering.k == 4 and adjusted_rand_score(city, clustering.labels) == 1.0
     majority = np.array([np.bincount(city[clustering.labels == c]).argmax() for c in range(4)])
     routed = route_to_cluster(extract_style(test.inputs, b=1, size=(SIZE, SIZE)), clustering.centroids).numpy()
-    assert (majority[routed] == test.groups).mean() > 0.7  # one image's style is noisier than a client's mean
+    assert (np.array(list(CITIES))[majority[routed]] == test.groups).mean() > 0.7  # one image's style is noisier
+
+
+def test_one_client_per_city_merges_each_citys_clients_and_keeps_their_images():
+    kwargs = dict(num_clients_per_city=3, num_test_per_city=0, image_size=SIZE, seed=4)
+    clients, cities = StyleCities(**kwargs).load_train(), StyleCities(**kwargs, one_client_per_city=True).load_train()
+    assert torch.equal(clients.inputs, cities.inputs) and torch.equal(clients.targets, cities.targets)
+    assert cities.groups.tolist() == [city_of(client) for client in clients.groups]
+    partition = Natural()(cities.partition_labels(), 6, np.random.default_rng(0), groups=cities.groups)
+    for city, client in zip(sorted(CITIES), partition, strict=True):  # Natural orders the clients by id
+        members = [i for i, c in enumerate(clients.groups) if city_of(c) == city]
+        assert client.tolist() == members and len({clients.groups[i] for i in members}) == 3
 
 
 def test_source_is_one_labelled_client_and_shares_the_test_set():
@@ -51,7 +62,7 @@ def test_source_is_one_labelled_client_and_shares_the_test_set():
     assert pool.inputs.min() >= -1 and pool.inputs.max() <= 1  # normalised with mean = std = 0.5
     test = source.load_test()
     assert torch.equal(test.inputs, target.load_test().inputs)
-    assert test.groups.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]  # the city of each test image
+    assert test.groups.tolist() == [city for city in CITIES for _ in range(3)]  # the city of each test image
 
 
 def test_the_grey_city_is_less_colourful_than_the_source_and_the_neutral_look_changes_nothing():
@@ -94,7 +105,7 @@ def test_with_a_class_skew_each_city_favours_its_own_classes_and_the_source_stay
         expected = 0.5 ** ((np.arange(4) - index) % 4) / (1 + 0.5 + 0.25 + 0.125)  # city i starts at class i·4/4 = i
         shares = np.bincount(train.labels[city == index] - 1, minlength=4) / (city == index).sum()
         assert np.abs(shares - expected).max() < 0.06  # ~550 images a city: a few points of sampling error
-        assert np.bincount(test.labels[test.groups == index] - 1, minlength=4).argmax() == index
+        assert np.bincount(test.labels[test.groups == list(CITIES)[index]] - 1, minlength=4).argmax() == index
     source = StyleCities(domain="source", num_source_samples=2000, **kwargs).load_train()
     assert np.abs(np.bincount(source.labels - 1, minlength=4) / 2000 - 0.25).max() < 0.04
 
