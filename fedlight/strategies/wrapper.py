@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from lightning import LightningModule
     from torch import nn
 
+    from fedlight.client_state import Slot
     from fedlight.context import RunContext
 
 
@@ -75,6 +76,10 @@ class RuleWrapper(Strategy):
         return self.rule.weight_channels
 
     @property
+    def personalised(self) -> bool:  # type: ignore[override]
+        return self.rule.personalised
+
+    @property
     def gather_states(self) -> bool:
         return self.rule.gather_states
 
@@ -102,6 +107,14 @@ class RuleWrapper(Strategy):
 
     def on_fit_start(self, context: RunContext) -> None:
         self.rule.on_fit_start(context)
+
+    def client_state_slots(self, context: RunContext) -> Mapping[str, Slot]:
+        return self.rule.client_state_slots(context)
+
+    def personal_state(
+        self, context: RunContext, client: int, values: Mapping[str, torch.Tensor], start: torch.Tensor
+    ) -> torch.Tensor:
+        return self.rule.personal_state(context, client, values, start)
 
     def on_round_start(self, context: RunContext, round_idx: int, plans: list[ClientPlan]) -> None:
         self.rule.on_round_start(context, round_idx, plans)

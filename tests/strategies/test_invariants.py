@@ -348,3 +348,28 @@ def test_a_wrapper_with_nothing_to_do_is_the_rule_it_wraps(name, tmp_path):
     plain = fit(tmp_path, sizes, values, FedAvg(), rounds=2, lr=0.5, init=-1.0)
     assert wrapped.global_state.item() == pytest.approx(plain.global_state.item(), abs=1e-6)
     assert plain.global_state.item() != pytest.approx(-1.0)  # the rounds did move the model
+
+
+def test_a_wrapper_keeps_its_rule_s_per_client_state_and_personal_scores(tmp_path):
+    def fit(strategy):
+        # equal sizes: DPFedAvg averages the updates uniformly over K', FedAvg by n_k
+        data = FederatedDataModule(ClientImages([12, 12, 12], [1, 2, 3]), batch_size=1000, test_fraction=0.5)
+        trainer = FederatedTrainer(
+            rounds=2, clients_per_round=2, local_epochs=2, logger=None, enable_progress_bar=False,
+            default_root_dir=tmp_path,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        client = ClassificationClient(
+            num_classes=3, input_shape=(1, 8, 8), model="cnn", model_kwargs={"hidden": 8},
+            optimizer=lambda params: torch.optim.SGD(params, lr=0.05),
+        )  # fmt: skip
+        trainer.fit(client, data, strategy)
+        return trainer
+
+    plain = fit(Ditto(lam=0.5, sampling="uniform"))
+    wrapped = fit(DPFedAvg(Ditto(lam=0.5, sampling="uniform"), clip_norm=1e6, noise_multiplier=0.0))
+    torch.testing.assert_close(wrapped.global_state, plain.global_state)
+    personal = {key: value for key, value in plain.progress.history[-1].items() if key.startswith("clients/personal/")}
+    assert personal and all(
+        wrapped.progress.history[-1][key] == pytest.approx(value) for key, value in personal.items()
+    )
