@@ -35,6 +35,7 @@ from torch.func import functional_call
 from fedlight.client_state import Slot
 from fedlight.errors import ConfigError
 from fedlight.strategies.base import Strategy
+from fedlight.strategies.parameters import ParameterMask
 
 if TYPE_CHECKING:
     from lightning import LightningModule
@@ -72,7 +73,7 @@ class _Personal:
     task_loss: _TaskLoss
 
 
-class APFL(Strategy):
+class APFL(ParameterMask, Strategy):
     """FedAvg of the global copies, and a personal model per client trained through its mixture with them.
 
     Args:
@@ -113,7 +114,6 @@ class APFL(Strategy):
         super().__init__(tolerate_stragglers=tolerate_stragglers, sampling=sampling)
         self.alpha, self.adapt_alpha, self.alpha_lr = alpha, adapt_alpha, alpha_lr
         self._alpha_lr = alpha_lr or 0.0  # η_α in use
-        self._is_parameter: torch.Tensor | None = None  # [P] bool
         self._personal: _Personal | None = None  # during a fit
 
     def check(self, module: LightningModule, datamodule: Any) -> list[str]:
@@ -126,7 +126,7 @@ class APFL(Strategy):
         return []
 
     def on_fit_start(self, context: RunContext) -> None:
-        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
+        self.cache_parameter_mask(context)
         if self.adapt_alpha and self.alpha_lr is None:
             self._alpha_lr = single_optimizer(context.module.configure_optimizers()).param_groups[0]["lr"]
 
@@ -141,7 +141,7 @@ class APFL(Strategy):
     ) -> torch.Tensor:
         """α_k v_k + (1 − α_k) W^t on the parameters, v_k's own buffers."""
         v, alpha = values["personal"], self._alpha_of(values)
-        return torch.where(self._is_parameter.to(v.device), alpha * v + (1 - alpha) * start, v)
+        return torch.where(self.parameter_mask(v.device), alpha * v + (1 - alpha) * start, v)
 
     def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
         layout, values = context.layout, context.client_state

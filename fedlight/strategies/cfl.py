@@ -56,6 +56,7 @@ import torch
 
 from fedlight.errors import ConfigError
 from fedlight.strategies.fedavg import FedAvg
+from fedlight.strategies.parameters import ParameterMask
 
 if TYPE_CHECKING:
     from lightning import LightningModule
@@ -114,7 +115,7 @@ def update_gram(updates: Sequence[torch.Tensor]) -> torch.Tensor:
     return gram
 
 
-class CFL(FedAvg):
+class CFL(ParameterMask, FedAvg):
     """FedAvg within clusters of clients, a cluster split in two by the cosine similarity of its clients' updates once
     its mean update is short and one of its clients' is long (Algorithm 2).
 
@@ -179,7 +180,6 @@ class CFL(FedAvg):
         self.splits: list[list[int]] = []  # [round, cluster, new cluster] of every split
         self.refused = 0  # splits not made for want of a free bank member
         self._num_clients: int | None = None
-        self._is_parameter: torch.Tensor | None = None  # [P] bool
         self._start: torch.Tensor | None = None  # θ_c [P] the client in its fit started from
 
     # -- set-up ---------------------------------------------------------------------------------------
@@ -205,7 +205,7 @@ class CFL(FedAvg):
         assert len(self.assignment) == num_clients, (
             f"the checkpoint's CFL clusters name {len(self.assignment)} clients, the partition has {num_clients}"
         )
-        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
+        self.cache_parameter_mask(context)
 
     def num_clusters(self) -> int:
         return self.max_clusters
@@ -226,9 +226,9 @@ class CFL(FedAvg):
 
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         """Sends Δθ_i = θ_i − θ_c over the parameters."""
-        assert self._start is not None and self._is_parameter is not None, "CFL: on_client_fit_start did not run"
+        assert self._start is not None, "CFL: on_client_fit_start did not run"
         delta = context.layout.flatten(module) - self._start
-        update.payload["cfl_update"] = delta[self._is_parameter.to(delta.device)].float().cpu()
+        update.payload["cfl_update"] = delta[self.parameter_mask(delta.device)].float().cpu()
         self._start = None
 
     def client_weights(self, update: ClientUpdate) -> Sequence[float]:

@@ -33,6 +33,7 @@ import torch
 
 from fedlight.errors import ConfigError
 from fedlight.strategies.fedavg import FedAvg
+from fedlight.strategies.parameters import ParameterMask
 from fedlight.strategies.stateful_functional import current_parameters, parameter_names, parameter_views
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def training_output_keys(module: torch.nn.Module, datamodule: Any) -> set[str] |
             child.train(training)
 
 
-class ElasticAggregation(FedAvg):
+class ElasticAggregation(ParameterMask, FedAvg):
     """FedAvg whose server step is scaled, parameter by parameter, by ζ = 1 + τ − Ω / max(Ω).
 
     Args:
@@ -106,7 +107,6 @@ class ElasticAggregation(FedAvg):
         self.tau, self.mu, self.sensitivity = tau, mu, sensitivity
         self.zeta_mean = 1.0  # mean ζ over the parameters in the last round, logged
         self._names: list[str] = []  # the trainable parameters the sensitivity covers, in the flat state's order
-        self._is_parameter: torch.Tensor | None = None  # [P] bool
         self._omega: torch.Tensor | None = None  # Ω_k [P] of the client in its fit
         self._views: list[torch.Tensor] = []  # Ω_k's views shaped as the parameters
 
@@ -126,7 +126,7 @@ class ElasticAggregation(FedAvg):
 
     def on_fit_start(self, context: RunContext) -> None:
         self._names = parameter_names(context.module, context.layout)
-        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
+        self.cache_parameter_mask(context)
 
     # -- client side ----------------------------------------------------------------------------------
     def on_client_fit_start(self, context: RunContext, module: LightningModule, plan: ClientPlan) -> None:
@@ -151,8 +151,8 @@ class ElasticAggregation(FedAvg):
 
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         """Sends Ω_k over the parameters."""
-        assert self._omega is not None and self._is_parameter is not None, "Elastic: on_client_fit_start did not run"
-        update.payload["sensitivity"] = self._omega[self._is_parameter.to(self._omega.device)].cpu()
+        assert self._omega is not None, "Elastic: on_client_fit_start did not run"
+        update.payload["sensitivity"] = self._omega[self.parameter_mask(self._omega.device)].cpu()
         self._omega, self._views = None, []
 
     # -- server side ----------------------------------------------------------------------------------
@@ -160,7 +160,6 @@ class ElasticAggregation(FedAvg):
         self, global_state: torch.Tensor, aggregate: torch.Tensor, updates: list[ClientUpdate]
     ) -> torch.Tensor:
         """θ^t + ζ ⊙ (average − θ^t) on parameters, ζ from the weighted mean sensitivity; the average on buffers."""
-        assert self._is_parameter is not None, "ElasticAggregation.server_update ran before on_fit_start"
         total, omega = 0.0, None
         for update in updates:  # Ω = Σ_k w_k Ω_k / Σ_k w_k, w_k = n_k as the average's
             weighted = update.payload["sensitivity"].double() * update.weights[0]
@@ -168,7 +167,7 @@ class ElasticAggregation(FedAvg):
             total += update.weights[0]
         zeta = elasticity(omega / total, self.tau).to(global_state)  # [P_params]
         self.zeta_mean = float(zeta.mean())
-        mask = self._is_parameter
+        mask = self.parameter_mask()
         new = aggregate.clone()
         new[mask] = global_state[mask] + zeta * (aggregate[mask] - global_state[mask])
         return new

@@ -32,6 +32,7 @@ from fedlight.client_state import Slot
 from fedlight.errors import ConfigError
 from fedlight.strategies.base import Strategy, traceable_loss
 from fedlight.strategies.fedprox import proximal_term
+from fedlight.strategies.parameters import ParameterMask
 from fedlight.strategies.stateful_functional import (
     current_parameters,
     linear_term,
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from fedlight.plans import ClientPlan, ClientUpdate
 
 
-class FedADMM(Strategy):
+class FedADMM(ParameterMask, Strategy):
     """A dual variable per client, the augmented Lagrangian locally, the clients' messages averaged over all n.
 
     Args:
@@ -80,13 +81,12 @@ class FedADMM(Strategy):
         self.rho, self.server_lr = rho, server_lr
         self.start: torch.Tensor | None = None  # θ⁰ [P], every client's message before its first round
         self._num_clients = 0  # n
-        self._is_parameter: torch.Tensor | None = None  # [P] bool
         # during a fit: the trainable parameters' names, y_k on them, θ^t on them and whole
         self._fit: tuple[list[str], list[torch.Tensor], list[torch.Tensor], torch.Tensor] | None = None
 
     def on_fit_start(self, context: RunContext) -> None:
         self._num_clients = context.datamodule.num_clients
-        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
+        self.cache_parameter_mask(context)
         start = context.global_state.detach().clone() if self.start is None else self.start
         self.start = start.to(context.global_state)
 
@@ -112,7 +112,7 @@ class FedADMM(Strategy):
         """Updates y_k and x̂_k, and leaves θ^t + Δ_k in the module (its trained buffers on the buffers)."""
         assert self._fit is not None and self.start is not None, "FedADMM.on_client_fit_end ran outside a local fit"
         theta, layout, slots = self._fit[3], context.layout, context.client_state
-        is_parameter = self._is_parameter.to(theta.device)
+        is_parameter = self.parameter_mask(theta.device)
         trained = layout.flatten(module)  # w_k
         dual = torch.where(is_parameter, slots["dual"] + self.rho * (trained - theta), 0.0)  # y_k ← y_k + ρ(w_k − θ^t)
         sent = torch.where(is_parameter, trained + dual / self.rho - self.start.to(theta), 0.0)  # x̂_k − θ⁰
@@ -128,10 +128,9 @@ class FedADMM(Strategy):
         self, global_state: torch.Tensor, aggregate: torch.Tensor, updates: list[ClientUpdate]
     ) -> torch.Tensor:
         """θ^t + η (mean Δ_k) on parameters, η = |S_t|/n unless ``server_lr``; the plain average on buffers."""
-        assert self._is_parameter is not None, "FedADMM.server_update ran before on_fit_start"
         step = self.server_lr if self.server_lr is not None else len(updates) / self._num_clients
         stepped = global_state + step * (aggregate - global_state)
-        return torch.where(self._is_parameter.to(global_state.device), stepped, aggregate)
+        return self.on_parameters(stepped, aggregate)
 
     def state_dict(self) -> dict[str, Any]:
         """θ⁰, once the run has started."""

@@ -28,13 +28,13 @@ import torch
 
 from fedlight.errors import ConfigError
 from fedlight.strategies.base import ClientUpdate, Strategy
-from fedlight.strategies.functional import parameter_step
+from fedlight.strategies.parameters import ParameterMask
 
 if TYPE_CHECKING:
     from fedlight.context import RunContext
 
 
-class FedAU(Strategy):
+class FedAU(ParameterMask, Strategy):
     """Aggregation weights from estimated participation intervals.
 
     Args:
@@ -68,7 +68,6 @@ class FedAU(Strategy):
         self.interval_sum: torch.Tensor | None = None
         self.interval_count: torch.Tensor | None = None
         self.absent: torch.Tensor | None = None
-        self._is_parameter: torch.Tensor | None = None  # [P] bool
 
     def on_fit_start(self, context: RunContext) -> None:
         if self.interval_sum is None:
@@ -76,7 +75,7 @@ class FedAU(Strategy):
             self.interval_sum = torch.zeros(num_clients, dtype=torch.int64)
             self.interval_count = torch.zeros(num_clients, dtype=torch.int64)
             self.absent = torch.zeros(num_clients, dtype=torch.int64)
-        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
+        self.cache_parameter_mask(context)
 
     def client_weights(self, update: ClientUpdate) -> Sequence[float]:
         """ω_n: the mean of the client's past intervals, 1 before it has any."""
@@ -88,9 +87,8 @@ class FedAU(Strategy):
         self, global_state: torch.Tensor, aggregate: torch.Tensor, updates: list[ClientUpdate]
     ) -> torch.Tensor:
         """W^t + η_g (Σ ω_n / N)(A − W^t) on parameters; A on buffers."""
-        assert self._is_parameter is not None, "FedAU.server_update ran before on_fit_start"
         scale = self.server_lr * sum(u.weights[0] for u in updates) / len(self.interval_sum)
-        return parameter_step(global_state, aggregate, scale, self._is_parameter)
+        return self.parameter_step(global_state, aggregate, scale)
 
     def on_round_end(self, context: RunContext, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
         """Records this round's intervals, after the weights were used."""

@@ -23,12 +23,13 @@ from fedlight.errors import ConfigError
 from fedlight.strategies.base import ClientUpdate
 from fedlight.strategies.fedavg import FedAvg
 from fedlight.strategies.functional import server_momentum
+from fedlight.strategies.parameters import ParameterMask
 
 if TYPE_CHECKING:
     from fedlight.context import RunContext
 
 
-class FedAvgM(FedAvg):
+class FedAvgM(ParameterMask, FedAvg):
     """FedAvg with server momentum; β = 0 (with η = 1) is FedAvg.
 
     Args:
@@ -61,16 +62,14 @@ class FedAvgM(FedAvg):
         self.server_lr = server_lr
         self.form = form
         self.velocity: torch.Tensor | None = None  # v [P], zero on buffers; None before the first round
-        self._is_parameter: torch.Tensor | None = None  # [P] bool
 
     def on_fit_start(self, context: RunContext) -> None:
-        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
+        self.cache_parameter_mask(context)
 
     def server_update(
         self, global_state: torch.Tensor, aggregate: torch.Tensor, updates: list[ClientUpdate]
     ) -> torch.Tensor:
-        assert self._is_parameter is not None, "FedAvgM.server_update ran before on_fit_start"
-        is_parameter = self._is_parameter
+        is_parameter = self.parameter_mask()
         velocity = torch.zeros_like(global_state) if self.velocity is None else self.velocity.to(global_state)
         # buffers: Δ = 0, so their velocity stays 0 and the step leaves them at W^t; they take the average below
         target = torch.where(is_parameter, aggregate, global_state)

@@ -28,6 +28,7 @@ from fedlight.client_state import Slot
 from fedlight.errors import ConfigError
 from fedlight.strategies.base import Strategy, traceable_loss
 from fedlight.strategies.fedprox import proximal_term
+from fedlight.strategies.parameters import ParameterMask
 from fedlight.strategies.stateful_functional import (
     current_parameters,
     feddyn_client_gradient,
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from fedlight.plans import ClientPlan, ClientUpdate
 
 
-class FedDyn(Strategy):
+class FedDyn(ParameterMask, Strategy):
     """Dynamic regularisation: a linear and a proximal term on every client, a corrected average on the server.
 
     Args:
@@ -69,13 +70,12 @@ class FedDyn(Strategy):
         self.alpha = alpha
         self.h: torch.Tensor | None = None  # the server state h [P]; None before the run starts
         self._num_clients = 0  # m
-        self._is_parameter: torch.Tensor | None = None  # [P] bool
         # during a fit: the trainable parameters' names, −∇L_k(θ_k^{t−1}) on them, θ^{t−1} on them and whole
         self._fit: tuple[list[str], list[torch.Tensor], list[torch.Tensor], torch.Tensor] | None = None
 
     def on_fit_start(self, context: RunContext) -> None:
         self._num_clients = context.datamodule.num_clients
-        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
+        self.cache_parameter_mask(context)
         self.h = (torch.zeros_like(context.global_state) if self.h is None else self.h).to(context.global_state)
 
     def client_state_slots(self, context: RunContext) -> Mapping[str, Slot]:
@@ -99,7 +99,7 @@ class FedDyn(Strategy):
         assert self._fit is not None, "FedDyn.on_client_fit_end ran outside a local fit"
         theta, gradient = self._fit[3], context.client_state["gradient"]
         new = feddyn_client_gradient(gradient, context.layout.flatten(module), theta, self.alpha)
-        context.client_state["gradient"] = torch.where(self._is_parameter.to(new.device), new, 0.0)
+        context.client_state["gradient"] = torch.where(self.parameter_mask(new.device), new, 0.0)
         self._fit = None
 
     def client_weights(self, update: ClientUpdate) -> tuple[float, ...]:
@@ -108,8 +108,8 @@ class FedDyn(Strategy):
     def server_update(
         self, global_state: torch.Tensor, aggregate: torch.Tensor, updates: list[ClientUpdate]
     ) -> torch.Tensor:
-        assert self.h is not None and self._is_parameter is not None, "FedDyn.server_update ran before on_fit_start"
-        is_parameter = self._is_parameter.to(global_state.device)
+        assert self.h is not None, "FedDyn.server_update ran before on_fit_start"
+        is_parameter = self.parameter_mask(global_state.device)
         h = torch.where(is_parameter, self.h.to(global_state), 0.0)
         theta, h = feddyn_server(global_state, aggregate, h, self.alpha, len(updates), self._num_clients)
         self.h = torch.where(is_parameter, h, 0.0)

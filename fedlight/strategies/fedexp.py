@@ -30,6 +30,7 @@ import torch
 
 from fedlight.errors import ConfigError
 from fedlight.strategies.base import ClientUpdate, Strategy
+from fedlight.strategies.parameters import ParameterMask
 
 if TYPE_CHECKING:
     from lightning import LightningModule
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from fedlight.plans import ClientPlan
 
 
-class FedExP(Strategy):
+class FedExP(ParameterMask, Strategy):
     """FedAvg with the server step size η_g^t ≥ 1 of Algorithm 1, extrapolating the clients' mean update.
 
     Args:
@@ -68,10 +69,9 @@ class FedExP(Strategy):
         self.average_last_two = average_last_two
         self.iterate: torch.Tensor | None = None  # w^t [P] the clients train from, when the global model averages
         self.step_size = 1.0  # η_g of the last round
-        self._is_parameter: torch.Tensor | None = None  # [P] bool
 
     def on_fit_start(self, context: RunContext) -> None:
-        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
+        self.cache_parameter_mask(context)
 
     def initial_state(self, context: RunContext, plan: ClientPlan | None, global_state: torch.Tensor) -> torch.Tensor:
         """The iterate w^t, which differs from the global model when that is the average of the last two."""
@@ -79,10 +79,9 @@ class FedExP(Strategy):
 
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         """Sends ‖Δ_k‖² over the parameters."""
-        assert self._is_parameter is not None, "FedExP.on_client_fit_end ran before on_fit_start"
         trained = context.layout.flatten(module)
         start = self.initial_state(context, None, context.global_state.to(trained))  # w^t, as the client received it
-        delta = (start - trained)[self._is_parameter.to(trained.device)]  # Δ_k
+        delta = (start - trained)[self.parameter_mask(trained.device)]  # Δ_k
         update.payload["delta_sq"] = float(delta.double().square().sum())
 
     def client_weights(self, update: ClientUpdate) -> Sequence[float]:
@@ -93,8 +92,7 @@ class FedExP(Strategy):
         self, global_state: torch.Tensor, aggregate: torch.Tensor, updates: list[ClientUpdate]
     ) -> torch.Tensor:
         """w^t − η_g Δ̄ on parameters and the mean on buffers; averaged with w^t when ``average_last_two``."""
-        assert self._is_parameter is not None, "FedExP.server_update ran before on_fit_start"
-        is_parameter = self._is_parameter
+        is_parameter = self.parameter_mask()
         start = global_state if self.iterate is None else self.iterate.to(global_state)  # w^t
         mean_delta = torch.where(is_parameter, start - aggregate, 0.0)  # Δ̄, zero on buffers
         spread = sum(u.payload["delta_sq"] for u in updates)  # Σ_k ‖Δ_k‖²

@@ -27,7 +27,8 @@ import torch
 from fedlight.errors import ConfigError
 from fedlight.strategies.base import ClientUpdate
 from fedlight.strategies.fedprox import FedProx
-from fedlight.strategies.functional import fednova_normalizer, parameter_step
+from fedlight.strategies.functional import fednova_normalizer
+from fedlight.strategies.parameters import ParameterMask
 
 if TYPE_CHECKING:
     from lightning import LightningModule
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from fedlight.context import RunContext
 
 
-class FedNova(FedProx):
+class FedNova(ParameterMask, FedProx):
     """Normalised averaging of local updates; FedProx's proximal term is optional (``mu``).
 
     Args:
@@ -58,7 +59,6 @@ class FedNova(FedProx):
         super().__init__(mu=mu, tolerate_stragglers=tolerate_stragglers, sampling=sampling)
         self.momentum = 0.0  # ρ of the local SGD
         self.lr = 0.0  # η of the local SGD
-        self._is_parameter: torch.Tensor | None = None  # [P] bool
 
     def on_fit_start(self, context: RunContext) -> None:
         """Reads ρ and η of the client optimizer, which a_i depends on."""
@@ -77,7 +77,7 @@ class FedNova(FedProx):
                 "--model.init_args.optimizer.init_args.dampening=0 and nesterov=false."
             )
         self.lr, self.momentum = float(lr), float(momentum)
-        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
+        self.cache_parameter_mask(context)
 
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         """Replaces the trained parameters W_i by W^t − d_i = W^t − (W^t − W_i)/a_i and sends a_i and τ_i."""
@@ -95,9 +95,8 @@ class FedNova(FedProx):
         self, global_state: torch.Tensor, aggregate: torch.Tensor, updates: list[ClientUpdate]
     ) -> torch.Tensor:
         """W^t + τ_eff (Σ_i p_i (W^t − d_i) − W^t) on parameters; the average on buffers."""
-        assert self._is_parameter is not None, "FedNova.server_update ran before on_fit_start"
         sizes = torch.tensor([float(u.num_samples) for u in updates], dtype=torch.float64)
         work = "steps" if self.mu > 0 else "normalizer"  # the official τ_eff with a proximal term counts steps
         local = torch.tensor([float(u.payload[work]) for u in updates], dtype=torch.float64)
         tau_eff = float((sizes / sizes.sum()) @ local)
-        return parameter_step(global_state, aggregate, tau_eff, self._is_parameter)
+        return self.parameter_step(global_state, aggregate, tau_eff)

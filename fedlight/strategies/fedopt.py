@@ -28,12 +28,13 @@ import torch
 from fedlight.errors import ConfigError
 from fedlight.strategies.base import ClientUpdate, Strategy
 from fedlight.strategies.functional import adaptive_server_step
+from fedlight.strategies.parameters import ParameterMask
 
 if TYPE_CHECKING:
     from fedlight.context import RunContext
 
 
-class FedOpt(Strategy):
+class FedOpt(ParameterMask, Strategy):
     """An adaptive server optimiser over the clients' average update (Reddi et al. 2021, Algorithm 2).
 
     Args:
@@ -88,10 +89,9 @@ class FedOpt(Strategy):
         # m and v [P] (m zero and v τ² on buffers); None before the first round
         self.first_moment: torch.Tensor | None = None
         self.second_moment: torch.Tensor | None = None
-        self._is_parameter: torch.Tensor | None = None  # [P] bool
 
     def on_fit_start(self, context: RunContext) -> None:
-        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
+        self.cache_parameter_mask(context)
 
     def client_weights(self, update: ClientUpdate) -> Sequence[float]:
         """1 for Algorithm 2's mean, n_k with ``weighting: samples``."""
@@ -101,8 +101,7 @@ class FedOpt(Strategy):
         self, global_state: torch.Tensor, aggregate: torch.Tensor, updates: list[ClientUpdate]
     ) -> torch.Tensor:
         """x_t + η m_t / (√v_t + τ) on parameters; the average on buffers."""
-        assert self._is_parameter is not None, f"{type(self).__name__}.server_update ran before on_fit_start"
-        is_parameter = self._is_parameter
+        is_parameter = self.parameter_mask()
         if self.first_moment is None:
             self.first_moment = torch.zeros_like(global_state)
             self.second_moment = torch.full_like(global_state, self.tau**2)
@@ -123,9 +122,9 @@ class FedOpt(Strategy):
 
     def on_round_end(self, context: RunContext, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
         """The mean effective step size η/(√v + τ) over parameters, to watch the adaptivity at work."""
-        if self.second_moment is None or self._is_parameter is None:
+        if self.second_moment is None or self._parameter_mask is None:
             return {}
-        rates = self.server_lr / (self.second_moment[self._is_parameter].sqrt() + self.tau)
+        rates = self.server_lr / (self.second_moment[self.parameter_mask()].sqrt() + self.tau)
         return {"fedopt/step_size_mean": float(rates.mean())} if rates.numel() else {}
 
     def state_dict(self) -> dict[str, Any]:

@@ -35,7 +35,7 @@ import torch
 from fedlight.errors import ConfigError
 from fedlight.metrics.functional.saliency import layer_weights, saliency_norms
 from fedlight.strategies.base import ClientUpdate, Strategy
-from fedlight.strategies.functional import parameter_step
+from fedlight.strategies.parameters import ParameterMask
 
 if TYPE_CHECKING:
     from lightning import LightningModule
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class FedSLS(Strategy):
+class FedSLS(ParameterMask, Strategy):
     """Saliency-weighted aggregation.
 
     Args:
@@ -94,12 +94,11 @@ class FedSLS(Strategy):
         self.guided = guided
         self.batch_size = batch_size
         self.saliency: torch.Tensor | None = None  # static R_k of every client, [N] float64
-        self._is_parameter: torch.Tensor | None = None  # [P] bool
 
     # -- saliency weights ------------------------------------------------------------------------------
     def on_fit_start(self, context: RunContext) -> None:
         """Computes the static R_k of every client (once: a resumed run restores them)."""
-        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
+        self.cache_parameter_mask(context)
         if self.mode == "static" and self.saliency is None:
             started = time.perf_counter()
             self.saliency = self._static_weights(context)
@@ -164,8 +163,7 @@ class FedSLS(Strategy):
         """θ^r + η(Σ R_k θ_k / Σ R_k − θ^r) on parameters (Eq. 10); the R-weighted average on buffers."""
         if self.server_lr == 1.0:
             return aggregate
-        assert self._is_parameter is not None, f"{type(self).__name__}.server_update ran before on_fit_start"
-        return parameter_step(global_state, aggregate, self.server_lr, self._is_parameter)
+        return self.parameter_step(global_state, aggregate, self.server_lr)
 
     def on_round_end(self, context: RunContext, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
         """The weights applied this round, R_k / Σ R_k, against FedAvg's n_k / Σ n_k."""

@@ -34,6 +34,7 @@ from fedlight.client_state import Slot
 from fedlight.errors import ConfigError
 from fedlight.strategies.base import Strategy
 from fedlight.strategies.fedprox import proximal_term
+from fedlight.strategies.parameters import ParameterMask
 from fedlight.strategies.personal_functional import moreau_inner_solve
 from fedlight.strategies.stateful_functional import current_parameters, parameter_names, parameter_views
 
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from fedlight.plans import ClientPlan, ClientUpdate
 
 
-class PFedMe(Strategy):
+class PFedMe(ParameterMask, Strategy):
     """Personal models θ̂_i from the Moreau envelope of each client's loss; the global model follows their anchors.
 
     Args:
@@ -91,7 +92,6 @@ class PFedMe(Strategy):
         super().__init__(tolerate_stragglers=tolerate_stragglers, sampling=sampling)
         self.lam, self.inner_steps, self.personal_lr, self.beta = lam, inner_steps, personal_lr, beta
         self.weighting = weighting
-        self._is_parameter: torch.Tensor | None = None  # [P] bool
         self._fit: tuple[list[str], list[torch.Tensor]] | None = None  # during a fit: parameter names, θ̂
 
     def check(self, module: LightningModule, datamodule: Any) -> list[str]:
@@ -103,7 +103,7 @@ class PFedMe(Strategy):
         return []
 
     def on_fit_start(self, context: RunContext) -> None:
-        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
+        self.cache_parameter_mask(context)
 
     def client_state_slots(self, context: RunContext) -> Mapping[str, Slot]:
         return {"personal": Slot.vector(context.layout.numel, init="received")}  # θ̂_i
@@ -145,6 +145,5 @@ class PFedMe(Strategy):
         self, global_state: torch.Tensor, aggregate: torch.Tensor, updates: list[ClientUpdate]
     ) -> torch.Tensor:
         """(1 − β) w^t + β · mean on the parameters; the mean on buffers."""
-        assert self._is_parameter is not None, "PFedMe.server_update ran before on_fit_start"
         mixed = (1.0 - self.beta) * global_state + self.beta * aggregate
-        return torch.where(self._is_parameter, mixed, aggregate)
+        return self.on_parameters(mixed, aggregate)

@@ -34,6 +34,7 @@ import torch
 from fedlight.errors import ConfigError
 from fedlight.passes import mean_task_loss
 from fedlight.strategies.base import ClientUpdate, Strategy
+from fedlight.strategies.parameters import ParameterMask
 from fedlight.strategies.scaffold import optimizer_lr
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 LOSS_FLOOR = 1e-10
 
 
-class QFedAvg(Strategy):
+class QFedAvg(ParameterMask, Strategy):
     """One step of q-FFL from the clients' local solutions, with the step size Σ_k h_k (Algorithm 2).
 
     Args:
@@ -78,12 +79,11 @@ class QFedAvg(Strategy):
         self.q = q
         self.lipschitz = lipschitz
         self._lipschitz = lipschitz  # L in use, read from the client's optimiser when not given
-        self._is_parameter: torch.Tensor | None = None  # [P] bool
         self._start: torch.Tensor | None = None  # w^t [P] of the client in its fit
         self._loss = 0.0  # F_k(w^t) of the client in its fit
 
     def on_fit_start(self, context: RunContext) -> None:
-        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
+        self.cache_parameter_mask(context)
         if self.lipschitz is None:
             lr = optimizer_lr(context.module)
             if lr is None or not lr > 0:
@@ -106,8 +106,8 @@ class QFedAvg(Strategy):
 
     def on_client_fit_end(self, context: RunContext, module: LightningModule, update: ClientUpdate) -> None:
         """Sends F_k(w^t) and ‖w^t − w̄_k‖² over the parameters."""
-        assert self._start is not None and self._is_parameter is not None, "QFedAvg: on_client_fit_start did not run"
-        moved = (self._start - context.layout.flatten(module))[self._is_parameter.to(self._start.device)]
+        assert self._start is not None, "QFedAvg: on_client_fit_start did not run"
+        moved = (self._start - context.layout.flatten(module))[self.parameter_mask(self._start.device)]
         update.payload.update(loss=self._loss, moved_sq=float(moved.double().square().sum()))
         self._start = None
 
@@ -119,7 +119,6 @@ class QFedAvg(Strategy):
         self, global_state: torch.Tensor, aggregate: torch.Tensor, updates: list[ClientUpdate]
     ) -> torch.Tensor:
         """w^t − L (Σ_k F_k^q)(w^t − a) / Σ_k h_k on parameters; a on buffers."""
-        assert self._is_parameter is not None, "QFedAvg.server_update ran before on_fit_start"
         q, lipschitz = self.q, self._lipschitz
         loss = torch.tensor([u.payload["loss"] for u in updates], dtype=torch.float64) + LOSS_FLOOR  # F_k
         moved_sq = torch.tensor([u.payload["moved_sq"] for u in updates], dtype=torch.float64)  # ‖w^t − w̄_k‖²
@@ -127,7 +126,7 @@ class QFedAvg(Strategy):
         h = q * loss ** (q - 1) * lipschitz**2 * moved_sq + lipschitz * loss**q  # h_k
         step = float(lipschitz * (loss**q).sum() / h.sum())
         new = global_state - step * (global_state - aggregate)
-        return torch.where(self._is_parameter, new, aggregate)
+        return self.on_parameters(new, aggregate)
 
     def on_round_end(self, context: RunContext, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
         """The spread of the clients' losses F_k(w^t), which q-FFL narrows."""

@@ -27,6 +27,7 @@ import torch
 from fedlight.client_state import Slot
 from fedlight.errors import ConfigError
 from fedlight.strategies.base import Strategy, traceable_loss
+from fedlight.strategies.parameters import ParameterMask
 from fedlight.strategies.stateful_functional import (
     current_parameters,
     linear_term,
@@ -54,7 +55,7 @@ def optimizer_lr(module: LightningModule) -> float | None:
     return None
 
 
-class SCAFFOLD(Strategy):
+class SCAFFOLD(ParameterMask, Strategy):
     """Control variates c (server) and c_k (each client) correct every local step; option II updates c_k.
 
     Args:
@@ -88,7 +89,6 @@ class SCAFFOLD(Strategy):
         self.server_lr, self.local_lr, self.weighting = server_lr, local_lr, weighting
         self.control: torch.Tensor | None = None  # c [P]; None before the run starts
         self._lr: float | None = None  # η_l in use
-        self._is_parameter: torch.Tensor | None = None  # [P] bool
         self._deltas: dict[int, torch.Tensor] = {}  # this process's Δc_k of the round
         # during a fit: the trainable parameters' names, c − c_k on them, x
         self._fit: tuple[list[str], list[torch.Tensor], torch.Tensor] | None = None
@@ -103,7 +103,7 @@ class SCAFFOLD(Strategy):
 
     def on_fit_start(self, context: RunContext) -> None:
         self._lr = self.local_lr if self.local_lr is not None else optimizer_lr(context.module)
-        self._is_parameter = context.layout.parameter_mask(context.module).to(context.global_state.device)
+        self.cache_parameter_mask(context)
         if self.control is None:
             self.control = torch.zeros_like(context.global_state)
         self.control = self.control.to(context.global_state.device)
@@ -128,7 +128,7 @@ class SCAFFOLD(Strategy):
         x, c_k = self._fit[2], context.client_state["control"]
         y = context.layout.flatten(module)
         new = scaffold_control_variate(c_k, self.control.to(x), x, y, update.num_steps, self._lr)
-        new = torch.where(self._is_parameter.to(x.device), new, 0.0)  # buffers keep no control variate
+        new = torch.where(self.parameter_mask(x.device), new, 0.0)  # buffers keep no control variate
         context.client_state["control"] = new
         self._deltas[update.client] = (new - c_k).cpu()
         self._fit = None
@@ -140,7 +140,7 @@ class SCAFFOLD(Strategy):
         self, global_state: torch.Tensor, aggregate: torch.Tensor, updates: list[ClientUpdate]
     ) -> torch.Tensor:
         stepped = server_step(global_state, aggregate, self.server_lr)
-        return torch.where(self._is_parameter.to(global_state.device), stepped, aggregate)
+        return self.on_parameters(stepped, aggregate)
 
     def on_round_end(self, context: RunContext, round_idx: int, updates: list[ClientUpdate]) -> dict[str, Any]:
         mine = {client: delta for client, delta in self._deltas.items() if client in {u.client for u in updates}}

@@ -117,6 +117,6 @@ def test_a_client_that_steps_its_own_optimizers_is_refused():
 
 def test_buffers_take_the_mean_when_beta_extrapolates():
     strategy = PFedMe(beta=2.0)
-    strategy._is_parameter = torch.tensor([True, False])
+    strategy._parameter_mask = torch.tensor([True, False])
     new = strategy.server_update(torch.tensor([1.0, 1.0]), torch.tensor([2.0, 3.0]), [])
     assert new.tolist() == [3.0, 3.0]  # parameter: −1·1 + 2·2; buffer: the mean itself
