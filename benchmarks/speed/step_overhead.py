@@ -44,8 +44,8 @@ def main() -> None:
     work: harness.Workload = importlib.import_module(args.workload).WORKLOAD
 
     from fedlight.engine.trainer import FederatedTrainer
+    from fedlight.plans import ClientPlan
     from fedlight.strategies import FedAvg
-    from fedlight.strategies.base import ClientPlan
 
     with tempfile.TemporaryDirectory() as tmp:
         exported_path = Path(tmp) / "data.pt"

@@ -1,8 +1,9 @@
 """Aggregation rules, one per file; :class:`Strategy` documents the hooks."""
 
+from fedlight.plans import ClientPlan, ClientUpdate
 from fedlight.strategies.apfl import APFL
 from fedlight.strategies.attacks import Attack
-from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
+from fedlight.strategies.base import Strategy
 from fedlight.strategies.ccvr import CCVR
 from fedlight.strategies.cfl import CFL
 from fedlight.strategies.clustered_fedavg import ClusteredFedAvg

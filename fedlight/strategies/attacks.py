@@ -38,7 +38,9 @@ import numpy as np
 import torch
 
 from fedlight.errors import ConfigError
-from fedlight.strategies.base import ClientPlan, ClientUpdate, StateChunks, Strategy
+from fedlight.gather import StateChunks
+from fedlight.plans import ClientPlan, ClientUpdate
+from fedlight.strategies.base import Strategy
 from fedlight.strategies.fedavg import FedAvg
 from fedlight.strategies.robust_functional import row_sum
 from fedlight.strategies.wrapper import RuleWrapper

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
+from fedlight.plans import ClientPlan, ClientUpdate
+from fedlight.strategies.base import Strategy
 from fedlight.strategies.wrapper import RuleWrapper
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from fedlight.strategies.fedavg import FedAvg
 
 if TYPE_CHECKING:
     from fedlight.context import RunContext
-    from fedlight.strategies.base import ClientUpdate
+    from fedlight.plans import ClientUpdate
 
 
 class ClusteredFedAvg(FedAvg):

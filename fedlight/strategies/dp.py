@@ -48,7 +48,8 @@ import numpy as np
 import torch
 
 from fedlight.errors import ConfigError
-from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
+from fedlight.plans import ClientPlan, ClientUpdate
+from fedlight.strategies.base import Strategy
 from fedlight.strategies.fedavg import FedAvg
 from fedlight.strategies.functional import sample_clients
 from fedlight.strategies.wrapper import RuleWrapper

@@ -52,7 +52,8 @@ from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_map
 
 from fedlight.errors import ConfigError, error_line
-from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
+from fedlight.plans import ClientPlan, ClientUpdate
+from fedlight.strategies.base import Strategy
 from fedlight.strategies.client_privacy import Accountant, ClientPrivacy
 from fedlight.strategies.dp import dp_epsilon
 from fedlight.strategies.fedavg import FedAvg

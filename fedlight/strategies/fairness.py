@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fedlight.strategies.base import ClientUpdate
+from fedlight.plans import ClientUpdate
 from fedlight.strategies.fedavg import FedAvg
 
 

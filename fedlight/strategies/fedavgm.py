@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from fedlight.errors import ConfigError
-from fedlight.strategies.base import ClientUpdate
+from fedlight.plans import ClientUpdate
 from fedlight.strategies.fedavg import FedAvg
 from fedlight.strategies.functional import server_momentum
 from fedlight.strategies.parameters import ParameterMask

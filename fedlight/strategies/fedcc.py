@@ -41,7 +41,8 @@ import numpy as np
 import torch
 
 from fedlight.errors import ConfigError
-from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
+from fedlight.plans import ClientPlan, ClientUpdate
+from fedlight.strategies.base import Strategy
 from fedlight.strategies.functional import kmeans_centroids, maximin_select
 
 if TYPE_CHECKING:

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from lightning import LightningModule
 
     from fedlight.context import RunContext
-    from fedlight.strategies.base import ClientPlan, ClientUpdate
+    from fedlight.plans import ClientPlan, ClientUpdate
 
 
 def pixel_contrastive_loss(codes: Tensor, positive: Tensor, negative: Tensor, temperature: float = 0.5) -> Tensor:

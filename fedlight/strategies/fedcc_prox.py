@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from lightning import LightningModule
 
     from fedlight.context import RunContext
-    from fedlight.strategies.base import ClientPlan, ClientUpdate
+    from fedlight.plans import ClientPlan, ClientUpdate
 
 
 class FedCCProx(FedCC):

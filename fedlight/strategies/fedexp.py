@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from fedlight.errors import ConfigError
-from fedlight.strategies.base import ClientUpdate, Strategy
+from fedlight.plans import ClientUpdate
+from fedlight.strategies.base import Strategy
 from fedlight.strategies.parameters import ParameterMask
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from fedlight.errors import ConfigError
-from fedlight.strategies.base import ClientUpdate
+from fedlight.plans import ClientUpdate
 from fedlight.strategies.fedprox import FedProx
 from fedlight.strategies.functional import fednova_normalizer
 from fedlight.strategies.parameters import ParameterMask

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 
 from fedlight.errors import ConfigError
-from fedlight.strategies.base import ClientUpdate, Strategy
+from fedlight.plans import ClientUpdate
+from fedlight.strategies.base import Strategy
 from fedlight.strategies.functional import adaptive_server_step
 from fedlight.strategies.parameters import ParameterMask
 

@@ -41,7 +41,8 @@ from fedlight.metrics.functional.prototypes import (
     semantic_prototype_margin,
 )
 from fedlight.passes import class_feature_batches
-from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
+from fedlight.plans import ClientPlan, ClientUpdate
+from fedlight.strategies.base import Strategy
 
 if TYPE_CHECKING:
     from lightning import LightningModule

@@ -34,7 +34,8 @@ import torch
 
 from fedlight.errors import ConfigError
 from fedlight.metrics.functional.saliency import layer_weights, saliency_norms
-from fedlight.strategies.base import ClientUpdate, Strategy
+from fedlight.plans import ClientUpdate
+from fedlight.strategies.base import Strategy
 from fedlight.strategies.parameters import ParameterMask
 
 if TYPE_CHECKING:

@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 
     from fedlight.context import RunContext
     from fedlight.data.datamodule import FederatedDataModule
-    from fedlight.strategies.base import ClientPlan, ClientUpdate
+    from fedlight.plans import ClientPlan, ClientUpdate
 
 Split = Literal["clients", "test"]
 

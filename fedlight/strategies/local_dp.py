@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from fedlight.errors import ConfigError
-from fedlight.strategies.base import ClientPlan, ClientUpdate, Strategy
+from fedlight.plans import ClientPlan, ClientUpdate
+from fedlight.strategies.base import Strategy
 from fedlight.strategies.client_privacy import Accountant, ClientPrivacy
 from fedlight.strategies.dp import clip_update, dp_epsilon
 from fedlight.strategies.fedavg import FedAvg

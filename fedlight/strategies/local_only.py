@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from fedlight.client_state import Slot
-from fedlight.strategies.base import ClientUpdate, Strategy
+from fedlight.plans import ClientUpdate
+from fedlight.strategies.base import Strategy
 
 if TYPE_CHECKING:
     from fedlight.context import RunContext

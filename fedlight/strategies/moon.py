@@ -31,8 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedlight.errors import ConfigError
+from fedlight.plans import ClientPlan, ClientUpdate
 from fedlight.state import FlatState
-from fedlight.strategies.base import ClientPlan, ClientUpdate, traceable_loss
+from fedlight.strategies.base import traceable_loss
 from fedlight.strategies.fedavg import FedAvg
 from fedlight.teachers import Teachers
 

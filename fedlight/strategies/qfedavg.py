@@ -33,7 +33,8 @@ import torch
 
 from fedlight.errors import ConfigError
 from fedlight.passes import mean_task_loss
-from fedlight.strategies.base import ClientUpdate, Strategy
+from fedlight.plans import ClientUpdate
+from fedlight.strategies.base import Strategy
 from fedlight.strategies.parameters import ParameterMask
 from fedlight.strategies.scaffold import optimizer_lr
 

@@ -32,8 +32,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from fedlight.errors import ConfigError
+from fedlight.gather import StateChunks
+from fedlight.plans import ClientPlan, ClientUpdate
 from fedlight.strategies import robust_functional as R
-from fedlight.strategies.base import ClientPlan, ClientUpdate, StateChunks, Strategy
+from fedlight.strategies.base import Strategy
 from fedlight.strategies.fedavg import FedAvg
 from fedlight.strategies.wrapper import RuleWrapper, effective_weights
 

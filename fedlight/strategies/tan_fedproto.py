@@ -46,7 +46,8 @@ from fedlight.client_state import Slot
 from fedlight.errors import ConfigError
 from fedlight.metrics.functional.prototypes import aggregate_prototypes, prototypes_from_sums
 from fedlight.passes import class_feature_batches
-from fedlight.strategies.base import ClientUpdate, Strategy, traceable_loss
+from fedlight.plans import ClientUpdate
+from fedlight.strategies.base import Strategy, traceable_loss
 
 if TYPE_CHECKING:
     from lightning import LightningModule

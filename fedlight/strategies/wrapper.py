@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from fedlight.gather import StateChunks
+from fedlight.plans import ClientPlan, ClientUpdate
 from fedlight.strategies import robust_functional as R
-from fedlight.strategies.base import ClientPlan, ClientUpdate, StateChunks, Strategy, traceable_loss
+from fedlight.strategies.base import Strategy, traceable_loss
 
 if TYPE_CHECKING:
     from lightning import LightningModule

@@ -11,8 +11,8 @@ import torch
 from fedlight.callbacks import RoundCallback
 from fedlight.data import FederatedDataModule
 from fedlight.engine.trainer import FederatedTrainer
+from fedlight.plans import ClientUpdate
 from fedlight.strategies import FedAU, FedAvg
-from fedlight.strategies.base import ClientUpdate
 from fedlight.testing import ScalarClient, ScalarDataset
 
 

@@ -9,9 +9,9 @@ from torch import nn
 from fedlight.data import FederatedDataModule
 from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
+from fedlight.plans import ClientUpdate
 from fedlight.state import FlatState
 from fedlight.strategies import FedAvg, FedAvgM
-from fedlight.strategies.base import ClientUpdate
 from fedlight.testing import ScalarClient, ScalarDataset
 
 

@@ -8,9 +8,9 @@ import torch
 
 from fedlight.clients.unsupervised import UnsupervisedSegmentationClient
 from fedlight.errors import ConfigError
+from fedlight.plans import ClientPlan, ClientUpdate
 from fedlight.state import FlatState
 from fedlight.strategies import FedCC
-from fedlight.strategies.base import ClientPlan, ClientUpdate
 
 # Client 0's rows lie at 0 and 10 on the x axis; client 1 learnt the same two clusters in the other order.
 CENTROIDS = [torch.tensor([[0.0, 0.0], [10.0, 0.0]]), torch.tensor([[9.0, 0.0], [1.0, 0.0]])]

@@ -4,9 +4,9 @@ import torch
 import torch.nn.functional as F
 
 from fedlight.clients.unsupervised import UnsupervisedSegmentationClient
+from fedlight.plans import ClientPlan, ClientUpdate
 from fedlight.state import FlatState
 from fedlight.strategies import FedCCMOON
-from fedlight.strategies.base import ClientPlan, ClientUpdate
 from fedlight.strategies.fedcc_moon import pixel_contrastive_loss
 
 

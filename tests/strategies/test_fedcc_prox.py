@@ -3,9 +3,9 @@ from types import SimpleNamespace
 import torch
 
 from fedlight.clients.unsupervised import UnsupervisedSegmentationClient
+from fedlight.plans import ClientPlan
 from fedlight.state import FlatState
 from fedlight.strategies import FedCCProx
-from fedlight.strategies.base import ClientPlan
 
 
 def test_only_the_nonlinear_branch_is_pulled_back():

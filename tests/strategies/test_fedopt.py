@@ -15,9 +15,9 @@ from torch import nn
 from fedlight.data import FederatedDataModule
 from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
+from fedlight.plans import ClientUpdate
 from fedlight.state import FlatState
 from fedlight.strategies import FedAdagrad, FedAdam, FedOpt, FedYogi
-from fedlight.strategies.base import ClientUpdate
 from fedlight.strategies.functional import adaptive_server_step, weighted_average
 from fedlight.testing import ScalarClient, ScalarDataset
 

@@ -12,10 +12,11 @@ from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
 from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
+from fedlight.gather import StateChunks
 from fedlight.plans import ClientUpdate
 from fedlight.strategies import Attack, FedAvg, RobustAggregation
 from fedlight.strategies import robust_functional as R
-from fedlight.strategies.base import StateChunks, Strategy
+from fedlight.strategies.base import Strategy
 from fedlight.strategies.robust import squared_distances
 from fedlight.testing import ClientImages, ScalarClient, ScalarDataset
 

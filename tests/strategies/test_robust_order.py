@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from fedlight.gather import StateChunks
 from fedlight.strategies import RobustAggregation
-from fedlight.strategies.base import StateChunks
 
 AGGREGATORS = {
     "median": {},
