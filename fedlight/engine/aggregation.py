@@ -27,13 +27,13 @@ class Aggregation:
 
     Args:
         strategy: the rule (weights, server update, or a gathering aggregator).
-        gather_budget_mb: the most memory one gathered block of states may take.
+        gather_budget: the most memory, in bytes, one gathered block of states may take.
         rank: this process.
     """
 
-    def __init__(self, strategy: Strategy, gather_budget_mb: float, rank: int) -> None:
+    def __init__(self, strategy: Strategy, gather_budget: int, rank: int) -> None:
         self.strategy = strategy
-        self.budget = gather_budget_mb * 2**20
+        self.budget = gather_budget
         self.rank = rank
         #: bytes of the largest block of gathered client states the last round read
         self.gather_peak_nbytes = 0

@@ -26,7 +26,7 @@ WandbMode = Literal["offline", "online", "disabled"]
 CompileMode = bool | Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RoundSettings:
     """What one round does and how often the loop evaluates and checkpoints."""
 
@@ -70,7 +70,7 @@ class RoundSettings:
         return due(round_idx, self.eval_every, self.rounds)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EvaluationSettings:
     """How many clients' held-out splits an evaluation scores, and how often it scores all of them."""
 
@@ -110,7 +110,7 @@ class EvaluationSettings:
         return min(num_clients, self.eval_clients)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProcessSettings:
     """Where and how the rounds compute: devices, processes, precision, threads."""
 
@@ -176,7 +176,7 @@ def accelerator_problems(accelerator: str) -> list[str]:
     return []
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatchingSettings:
     """How client steps run: vectorised (how many to stack, compiled or not) and compiled one client at a time."""
 
@@ -196,16 +196,38 @@ class BatchingSettings:
         return problems
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GuardSettings:
-    """What the engine does with clients that fail, diverge or whose states must be gathered."""
+    """What the engine does with clients that fail or diverge."""
 
     max_update_ratio: float | None
     fail_fast: bool
+
+    def problems(self) -> list[str]:
+        if self.max_update_ratio is not None and not self.max_update_ratio > 0:
+            ratio = self.max_update_ratio
+            return [f"Expected --trainer.max_update_ratio > 0 (or null to accept any update), got {ratio}."]
+        return []
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemorySettings:
+    """The memory a process may give to the clients' states: gathered for a round, and kept between rounds."""
+
+    #: MiB one gathered block of the round's ``[K, P]`` states may take
     gather_budget_mb: float
+    #: MiB of the clients' own states (per-client slots) kept in memory
     client_state_budget_mb: float = 1024.0
     #: keep every client state file the run writes, not only those its last two checkpoints name
     keep_client_states: bool = False
+
+    @property
+    def gather_budget_bytes(self) -> int:
+        return int(self.gather_budget_mb * 2**20)
+
+    @property
+    def client_state_budget_bytes(self) -> int:
+        return int(self.client_state_budget_mb * 2**20)
 
     def problems(self) -> list[str]:
         problems = []
@@ -214,15 +236,11 @@ class GuardSettings:
                 f"Expected --trainer.client_state_budget_mb ≥ 0 (MiB of the clients' own states kept in memory), got "
                 f"{self.client_state_budget_mb}; 0 reads every state from its file in the run folder."
             )
-        elif self.client_state_budget_mb * 2**20 > _physical_memory():
+        elif self.client_state_budget_bytes > _physical_memory():
             problems.append(
                 f"--trainer.client_state_budget_mb={self.client_state_budget_mb:g} is more than this machine's memory "
                 f"({_physical_memory() / 2**20:.0f} MiB): the states could not be kept. Give at most what the run "
                 "can spare; states beyond the budget are read from their files."
-            )
-        if self.max_update_ratio is not None and not self.max_update_ratio > 0:
-            problems.append(
-                f"Expected --trainer.max_update_ratio > 0 (or null to accept any update), got {self.max_update_ratio}."
             )
         if not self.gather_budget_mb > 0:
             problems.append(
@@ -232,7 +250,7 @@ class GuardSettings:
         return problems
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LoggingSettings:
     """Where a run writes, what it tells W&B, and the other loggers (Lightning ``Logger`` instances)."""
 
@@ -248,7 +266,7 @@ class LoggingSettings:
     enable_progress_bar: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainerSettings:
     """Every group of settings of one trainer, as :func:`fedlight.engine.setup.trainer_settings` builds them."""
 
@@ -257,11 +275,12 @@ class TrainerSettings:
     evaluation: EvaluationSettings
     batching: BatchingSettings
     guards: GuardSettings
+    memory: MemorySettings
     logging: LoggingSettings
 
     def problems(self) -> list[str]:
         """Every bad value of every group, in the order of the groups."""
-        groups = (self.loop, self.evaluation, self.processes, self.batching, self.guards)
+        groups = (self.loop, self.evaluation, self.processes, self.batching, self.memory, self.guards)
         return [problem for group in groups for problem in group.problems()]
 
 

@@ -29,6 +29,7 @@ from fedlight.engine.config import (
     EvaluationSettings,
     GuardSettings,
     LoggingSettings,
+    MemorySettings,
     ProcessSettings,
     RoundSettings,
     TrainerSettings,
@@ -66,21 +67,28 @@ def trainer_settings(arguments: dict[str, Any]) -> TrainerSettings:
     loggers = (a.logger,) if isinstance(a.logger, str | Logger) else tuple(a.logger or ())
     settings = TrainerSettings(
         loop=RoundSettings(
-            a.rounds, a.clients_per_round, a.local_epochs, a.local_steps, a.straggler_fraction, a.eval_every,
-            a.checkpoint_every,
+            rounds=a.rounds, clients_per_round=a.clients_per_round, local_epochs=a.local_epochs,
+            local_steps=a.local_steps, straggler_fraction=a.straggler_fraction, eval_every=a.eval_every,
+            checkpoint_every=a.checkpoint_every,
         ),
         processes=ProcessSettings(
-            a.accelerator, a.devices, a.num_nodes, a.start_method, a.precision, a.threads, a.channels_last,
-            a.rendezvous_timeout,
+            accelerator=a.accelerator, devices=a.devices, num_nodes=a.num_nodes, start_method=a.start_method,
+            precision=a.precision, threads=a.threads, channels_last=a.channels_last,
+            rendezvous_timeout=a.rendezvous_timeout,
         ),
-        evaluation=EvaluationSettings(a.eval_clients, a.full_eval_every),
-        batching=BatchingSettings(a.client_batching, a.compile_batched, a.compile_steps),
-        guards=GuardSettings(
-            a.max_update_ratio, a.fail_fast, a.gather_budget_mb, a.client_state_budget_mb, a.keep_client_states
+        evaluation=EvaluationSettings(eval_clients=a.eval_clients, full_eval_every=a.full_eval_every),
+        batching=BatchingSettings(
+            client_batching=a.client_batching, compile_batched=a.compile_batched, compile_steps=a.compile_steps
+        ),
+        guards=GuardSettings(max_update_ratio=a.max_update_ratio, fail_fast=a.fail_fast),
+        memory=MemorySettings(
+            gather_budget_mb=a.gather_budget_mb, client_state_budget_mb=a.client_state_budget_mb,
+            keep_client_states=a.keep_client_states,
         ),
         logging=LoggingSettings(
-            Path(a.default_root_dir), a.name, loggers, a.wandb_project, a.wandb_entity, a.wandb_mode, a.wandb_group,
-            a.wandb_tags, a.wandb_notes, a.enable_progress_bar,
+            default_root_dir=Path(a.default_root_dir), name=a.name, loggers=loggers, wandb_project=a.wandb_project,
+            wandb_entity=a.wandb_entity, wandb_mode=a.wandb_mode, wandb_group=a.wandb_group, wandb_tags=a.wandb_tags,
+            wandb_notes=a.wandb_notes, enable_progress_bar=a.enable_progress_bar,
         ),
     )  # fmt: skip
     problems = [
@@ -260,7 +268,7 @@ class RunPieces:
         )
         self.guards = FailureGuards(guards, run_dir, rank)
         self.fits = RoundFits(self.training, self.guards, batching, fabric, console, guards.fail_fast)
-        self.aggregation = Aggregation(strategy, guards.gather_budget_mb, rank)
+        self.aggregation = Aggregation(strategy, settings.memory.gather_budget_bytes, rank)
         evaluation = EvaluationSettings() if evaluating else settings.evaluation
         self.evaluator = Evaluator(model, data, strategy, context, fabric, evaluation, streams)
         self.personal = PersonalEvaluator(model, data, strategy, context, fabric)

@@ -337,10 +337,11 @@ class FederatedTrainer(RunView):
         fabric.call("on_fit_start", context)
         self.strategy.on_fit_start(context)
         self.model.setup_clusters(self.strategy)
-        guards = self.settings.guards
-        budget = int(guards.client_state_budget_mb * 2**20)
+        memory = self.settings.memory
         folder = progress.run_dir / "client_state"
-        self.model.setup_client_states(self.strategy, context, folder, budget, guards.keep_client_states)
+        self.model.setup_client_states(
+            self.strategy, context, folder, memory.client_state_budget_bytes, memory.keep_client_states
+        )
         console = self._start_console()
         first = progress.round
         metrics: dict[str, float] = progress.history[-1] if progress.history else {}
@@ -358,9 +359,7 @@ class FederatedTrainer(RunView):
                 metrics = {"round": float(round_idx + 1), **self._run_round(round_idx)}  # counted from 1
             except RoundAbandoned:  # a stop request met between the round's clients
                 progress.interrupted = drop_round(round_idx, start_state, progress, self.inputs, self.callbacks, fabric)
-                console.end(metrics, progress.run_dir, round_idx - first)
-                self.run_loggers.finish()
-                return metrics
+                return self._end(metrics, round_idx - first)
             if settings.evaluates_after(round_idx):
                 sample = self.evaluator.sample(round_idx, self.rounds)  # None: every client's split
                 metrics.update(self.evaluator.evaluate(clients=True, test=True, sample=sample))
@@ -378,18 +377,14 @@ class FederatedTrainer(RunView):
             if failure is not None:
                 raise self._callback_failure(failure, metrics, progress.round - first)
             if stopping and not last:
-                console.end(metrics, progress.run_dir, progress.round - first)
-                self.run_loggers.finish()
                 progress.interrupted = RunInterrupted(
                     stop.requested or "SIGINT", last_ckpt.absolute(), progress.round, True
                 )
-                return metrics
+                return self._end(metrics, progress.round - first)
         failure = call_callbacks(self.callbacks, "on_fit_end", context)
         if failure is not None:
             raise self._callback_failure(failure, metrics, progress.round - first)
-        self.run_loggers.finish()
-        console.end(metrics, progress.run_dir, progress.round - first)
-        return metrics
+        return self._end(metrics, progress.round - first)
 
     def _run_round(self, round_idx: int) -> dict[str, float]:
         """Plan → local fit → aggregate; returns the round's training metrics."""
@@ -439,19 +434,23 @@ class FederatedTrainer(RunView):
         )  # fmt: skip
         return console
 
-    def _callback_failure(self, failure: Failure, metrics: dict[str, float], rounds_run: int) -> Exception:
-        """Ends the run whose callback raised (loggers closed, summary printed) after its rounds were saved."""
+    def _end(self, metrics: dict[str, float], rounds_run: int) -> dict[str, float]:
+        """Ends the run, however it stops: the loggers finish, then the console prints its summary."""
         self.run_loggers.finish()
-        self.console.end(metrics, self.run_dir, rounds_run)
+        self.console.end(metrics, self.progress.run_dir, rounds_run)
+        return metrics
+
+    def _callback_failure(self, failure: Failure, metrics: dict[str, float], rounds_run: int) -> Exception:
+        """Ends the run whose callback raised after its rounds were saved; returns the error to raise."""
+        self._end(metrics, rounds_run)
         return callback_error(failure, self.run_dir)
 
     # -- evaluation only, processes and set-up ---------------------------------------------------------
     def _evaluate_only(self, model, datamodule, strategy, ckpt_path, config, clients: bool) -> dict[str, float]:
         self._setup(model, datamodule, strategy, ckpt_path, config, logging=False, evaluating=True)
-        budget = int(self.settings.guards.client_state_budget_mb * 2**20)
         return score_only(
             self.pieces, self.inputs, self.progress, self.context, ckpt_path, clients=clients,
-            client_state_budget=budget, rank=self.fabric.global_rank,
+            client_state_budget=self.settings.memory.client_state_budget_bytes, rank=self.fabric.global_rank,
         )  # fmt: skip
 
     def _in_processes(self, work, model, datamodule, strategy, *args, **kwargs) -> dict[str, float]:

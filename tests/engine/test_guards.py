@@ -100,11 +100,11 @@ def test_two_processes_gather_the_failures_and_agree_with_one(tmp_path):
 
 
 def test_a_client_state_budget_beyond_the_machines_memory_is_refused_at_set_up():
-    from fedlight.engine.config import GuardSettings
+    from fedlight.engine.config import MemorySettings
 
-    problems = GuardSettings(None, False, 1024.0, client_state_budget_mb=1e12).problems()
+    problems = MemorySettings(gather_budget_mb=1024.0, client_state_budget_mb=1e12).problems()
     assert (
         len(problems) == 1
         and "--trainer.client_state_budget_mb=1e+12 is more than this machine's memory" in problems[0]
     )
-    assert GuardSettings(None, False, 1024.0, client_state_budget_mb=64.0).problems() == []
+    assert MemorySettings(gather_budget_mb=1024.0, client_state_budget_mb=64.0).problems() == []

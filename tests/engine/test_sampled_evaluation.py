@@ -135,10 +135,11 @@ def test_bad_settings_name_the_flag(tmp_path, options, message):
 
 
 def test_counts_round_fractions_up_and_never_exceed_the_clients():
-    assert EvaluationSettings(0.3, 0).count(11) == 4 and EvaluationSettings(0.01, 0).count(11) == 1
-    assert EvaluationSettings(50, 0).count(11) == 11 and EvaluationSettings("all", 0).count(11) == 11
-    assert [EvaluationSettings(5, 3).sampled(r, 7) for r in range(7)] == [True, True, False, True, True, False, False]
-    assert not any(EvaluationSettings("all", 0).sampled(r, 7) for r in range(7))
+    assert EvaluationSettings(eval_clients=0.3).count(11) == 4 and EvaluationSettings(eval_clients=0.01).count(11) == 1
+    assert EvaluationSettings(eval_clients=50).count(11) == 11 and EvaluationSettings().count(11) == 11
+    every_third = EvaluationSettings(eval_clients=5, full_eval_every=3)
+    assert [every_third.sampled(r, 7) for r in range(7)] == [True, True, False, True, True, False, False]
+    assert not any(EvaluationSettings(eval_clients="all").sampled(r, 7) for r in range(7))
 
 
 def test_without_a_test_set_every_client_is_scored_and_the_run_says_so(tmp_path):
