@@ -71,7 +71,7 @@ class RunContext:
 
     @property
     def plans(self) -> list[ClientPlan]:
-        return self._engine.round_plans
+        return self._engine.plans
 
     @property
     def seed(self) -> int:
@@ -225,7 +225,7 @@ class RunContext:
     # -- output ----------------------------------------------------------------------------------------
     def log_images(self, images: dict[str, list[Any]], step: int) -> None:
         """Sends images (file paths, arrays or PIL images) to W&B under their keys, from rank 0."""
-        self._engine.run_loggers.log_images(images, step)
+        self._engine.loggers.log_images(images, step)
 
 
 def all_gather_objects(obj: Any, world_size: int) -> list[Any]:

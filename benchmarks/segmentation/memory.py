@@ -66,7 +66,7 @@ def measure(size: int, clients_per_round: int, local_epochs: int, root: str) -> 
     parameters = trainer.layout.numel
     out = {
         "clients_per_round": clients_per_round,
-        "steps": sum(data.num_batches(p.client) * p.epochs for p in trainer.round_plans),
+        "steps": sum(data.num_batches(p.client) * p.epochs for p in trainer.plans),
         "round_s": time.perf_counter() - started,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux reports KiB
         "parameters": parameters,

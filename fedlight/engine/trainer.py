@@ -436,7 +436,7 @@ class FederatedTrainer(RunView):
 
     def _end(self, metrics: dict[str, float], rounds_run: int) -> dict[str, float]:
         """Ends the run, however it stops: the loggers finish, then the console prints its summary."""
-        self.run_loggers.finish()
+        self.loggers.finish()
         self.console.end(metrics, self.progress.run_dir, rounds_run)
         return metrics
 
@@ -483,7 +483,7 @@ class FederatedTrainer(RunView):
         self.fabric.barrier()
 
     def _run_state(self) -> dict[str, Any]:
-        tracker_runs = self.run_loggers.tracker_runs()
+        tracker_runs = self.loggers.tracker_runs()
         return run_state(
             self.inputs, self.progress, seed=self.seed, callbacks=self.callbacks, tracker_runs=tracker_runs
         )
@@ -492,5 +492,5 @@ class FederatedTrainer(RunView):
         """Logs one round; returns its scalar metrics, which the history, CSV and checkpoints keep."""
         scalars = scalar_metrics(metrics)
         self.history.append(scalars)
-        self.run_loggers.log(scalars, metrics)
+        self.loggers.log(scalars, metrics)
         return scalars

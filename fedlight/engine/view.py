@@ -8,25 +8,39 @@ attributes of the trainer, as :class:`~fedlight.context.RunContext` names them f
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import numpy as np
     import torch
 
+    from fedlight.bank import ModelBank
     from fedlight.clients.base import FederatedClient
-    from fedlight.engine.config import TrainerSettings
+    from fedlight.data.datamodule import FederatedDataModule
+    from fedlight.engine.aggregation import Aggregation
+    from fedlight.engine.config import LoggingSettings, TrainerSettings
+    from fedlight.engine.evaluation import Evaluator
+    from fedlight.engine.fits import RoundFits
+    from fedlight.engine.local_fit import LocalTraining
+    from fedlight.engine.loggers import RunLoggers
+    from fedlight.engine.model import GlobalModel
     from fedlight.engine.run_state import RunProgress
     from fedlight.engine.setup import RunInputs, RunPieces
     from fedlight.engine.streams import RandomStreams
-
-
-def _part(owner: str, name: str, doc: str) -> property:
-    """A read-only view of ``self.<owner>.<name>``, None while ``owner`` is (before a run is set up)."""
-    return property(lambda self: getattr(getattr(self, owner), name, None), doc=doc)
+    from fedlight.plans import ClientPlan
+    from fedlight.state import FlatState
+    from fedlight.strategies.base import Strategy
 
 
 class RunView:
-    """Read-only names for the parts of a run, over the attributes below that the trainer sets."""
+    """Read-only names for the parts of a run, over the attributes below that the trainer sets.
+
+    What the run is made of and the pieces that run it exist once ``fit``, ``validate`` or ``test`` has set the run
+    up; reading them before raises. Where the run stands (:class:`RunProgress`) exists from the start.
+    """
 
     settings: TrainerSettings
     streams: RandomStreams
@@ -34,6 +48,17 @@ class RunView:
     pieces: RunPieces | None
     progress: RunProgress
 
+    def _inputs(self) -> RunInputs:
+        if self.inputs is None:
+            raise RuntimeError("FederatedTrainer: the run is not set up yet; fit, validate or test sets it up.")
+        return self.inputs
+
+    def _pieces(self) -> RunPieces:
+        if self.pieces is None:
+            raise RuntimeError("FederatedTrainer: the run is not set up yet; fit, validate or test sets it up.")
+        return self.pieces
+
+    # -- the run's settings ----------------------------------------------------------------------------
     @property
     def rounds(self) -> int:
         """T, the number of rounds."""
@@ -45,6 +70,43 @@ class RunView:
         return self.settings.logging.name
 
     @property
+    def logging(self) -> LoggingSettings:
+        """Where the run writes, and its loggers."""
+        return self.settings.logging
+
+    # -- what the run is made of (RunInputs) -----------------------------------------------------------
+    @property
+    def model(self) -> GlobalModel:
+        """The resident module and W^t."""
+        return self._inputs().model
+
+    @property
+    def datamodule(self) -> FederatedDataModule:
+        """The federated data."""
+        return self._inputs().datamodule
+
+    @property
+    def strategy(self) -> Strategy:
+        """The aggregation rule."""
+        return self._inputs().strategy
+
+    @property
+    def config(self) -> dict | None:
+        """The resolved configuration (None for a run started from Python)."""
+        return self._inputs().config
+
+    @property
+    def described(self) -> dict | None:
+        """The configuration checkpoints store."""
+        return self._inputs().described
+
+    @property
+    def data_fingerprint(self) -> dict[str, str] | None:
+        """Digests of the partition and the samples."""
+        return self._inputs().data_fingerprint
+
+    # -- what a script reads of the model, named as the hooks' RunContext names it --------------------
+    @property
     def global_state(self) -> torch.Tensor:
         """W^t, the ``[P]`` fp32 federated state of the global model (the bank's global member)."""
         return self.model.global_state
@@ -53,36 +115,100 @@ class RunView:
         """The resident module with W^t loaded, in eval mode."""
         return self.model.evaluation_module()
 
-    # What a script reads of a run, named as the hooks' RunContext names it.
-    module = property(lambda self: self.model.module, doc="The resident client module.")
-    layout = property(lambda self: self.model.layout, doc="Its federated layout.")
-    bank = property(lambda self: self.model.bank, doc="The model bank; its global member is W^t.")
-    global_integers = property(lambda self: self.model.integers, doc="W^t's integer buffers.")
-    round_rng = property(lambda self: self.streams.round_rng, doc="Round t's server-side generator.")
-    strategy_rng = property(lambda self: self.streams.strategy_rng, doc="Round t's generator of the rule.")
-    client_seed = property(lambda self: self.streams.client_seed, doc="The seed of client k in round t.")
-    gather_peak_nbytes = property(
-        lambda self: self.aggregation.gather_peak_nbytes, doc="The last round's largest block."
-    )
-    aggregation_nbytes = property(lambda self: self.fits.aggregation_nbytes, doc="The last round's sums and W^t.")
-    logging = property(lambda self: self.settings.logging, doc="Where the run writes, and its loggers.")
+    @property
+    def module(self) -> FederatedClient:
+        """The resident client module."""
+        return self.model.module
 
-    # What the run is made of (RunInputs).
-    model = _part("inputs", "model", "The resident module and W^t (:class:`~fedlight.engine.model.GlobalModel`).")
-    datamodule = _part("inputs", "datamodule", "The federated data.")
-    strategy = _part("inputs", "strategy", "The aggregation rule.")
-    config = _part("inputs", "config", "The resolved configuration (None for a run started from Python).")
-    described = _part("inputs", "described", "The configuration checkpoints store.")
-    data_fingerprint = _part("inputs", "data_fingerprint", "Digests of the partition and the samples.")
-    # The pieces that run its rounds (RunPieces).
-    training = _part("pieces", "training", "The local training of one client.")
-    fits = _part("pieces", "fits", "A round's local fits on this process.")
-    aggregation = _part("pieces", "aggregation", "W^{t+1} from the round's sums or gathered states.")
-    evaluator = _part("pieces", "evaluator", "The global model's evaluation.")
-    run_loggers = _part("pieces", "loggers", "metrics.csv, W&B and the Lightning loggers.")
-    # Where it stands (RunProgress).
-    round = _part("progress", "round", "Rounds done; the round in progress while one runs.")
-    history = _part("progress", "history", "Every round's scalar metrics.")
-    round_plans = _part("progress", "plans", "The round's clients.")
-    run_dir = _part("progress", "run_dir", "The run folder (None before it exists, and for runs that write none).")
-    wandb_id = _part("progress", "wandb_id", "The W&B run id, kept by a resumed run.")
+    @property
+    def layout(self) -> FlatState:
+        """Its federated layout."""
+        return self.model.layout
+
+    @property
+    def bank(self) -> ModelBank:
+        """The model bank; its global member is W^t."""
+        return self.model.bank
+
+    @property
+    def global_integers(self) -> dict[str, torch.Tensor]:
+        """W^t's integer buffers."""
+        return self.model.integers
+
+    # -- the random streams ----------------------------------------------------------------------------
+    @property
+    def round_rng(self) -> Callable[[int], np.random.Generator]:
+        """Round t's server-side generator."""
+        return self.streams.round_rng
+
+    @property
+    def strategy_rng(self) -> Callable[[int], np.random.Generator]:
+        """Round t's generator of the rule."""
+        return self.streams.strategy_rng
+
+    @property
+    def client_seed(self) -> Callable[[int, int], int]:
+        """The seed of client k in round t."""
+        return self.streams.client_seed
+
+    # -- the pieces that run its rounds (RunPieces) ------------------------------------------------------
+    @property
+    def training(self) -> LocalTraining:
+        """The local training of one client."""
+        return self._pieces().training
+
+    @property
+    def fits(self) -> RoundFits:
+        """A round's local fits on this process."""
+        return self._pieces().fits
+
+    @property
+    def aggregation(self) -> Aggregation:
+        """W^{t+1} from the round's sums or gathered states."""
+        return self._pieces().aggregation
+
+    @property
+    def evaluator(self) -> Evaluator:
+        """The global model's evaluation."""
+        return self._pieces().evaluator
+
+    @property
+    def loggers(self) -> RunLoggers:
+        """metrics.csv, W&B and the Lightning loggers."""
+        return self._pieces().loggers
+
+    @property
+    def gather_peak_nbytes(self) -> int:
+        """The last round's largest block of gathered client states."""
+        return self.aggregation.gather_peak_nbytes
+
+    @property
+    def aggregation_nbytes(self) -> int:
+        """The last round's sums and W^t."""
+        return self.fits.aggregation_nbytes
+
+    # -- where it stands (RunProgress) -------------------------------------------------------------------
+    @property
+    def round(self) -> int:
+        """Rounds done; the round in progress while one runs."""
+        return self.progress.round
+
+    @property
+    def history(self) -> list[dict[str, float]]:
+        """Every round's scalar metrics."""
+        return self.progress.history
+
+    @property
+    def plans(self) -> list[ClientPlan]:
+        """The round's clients."""
+        return self.progress.plans
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The run folder (None before it exists, and for runs that write none)."""
+        return self.progress.run_dir
+
+    @property
+    def wandb_id(self) -> str | None:
+        """The W&B run id, kept by a resumed run."""
+        return self.progress.wandb_id
