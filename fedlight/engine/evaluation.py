@@ -9,13 +9,13 @@ gives each of its groups' scores (``test/<group>/<metric>``, ``test/group_mean/<
 With ``--trainer.eval_clients`` the clients' splits of most evaluations are those of a sample of the clients,
 drawn from the run's evaluation stream of the round, so that a round's cost does not grow with the population;
 every ``full_eval_every`` rounds and after the last one, every client is scored. The global test set is always
-scored whole. ``fedlight validate`` and ``test`` score a checkpoint's global model without rounds (:func:`score_only`).
+scored whole. ``fedlight validate`` and ``test`` score a checkpoint's global model without rounds (the trainer's
+``_evaluate_only``).
 """
 
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -33,8 +33,6 @@ if TYPE_CHECKING:
     from fedlight.context import RunContext
     from fedlight.data.datamodule import FederatedDataModule
     from fedlight.engine.model import GlobalModel
-    from fedlight.engine.run_state import RunProgress
-    from fedlight.engine.setup import RunInputs, RunPieces
     from fedlight.engine.streams import RandomStreams
     from fedlight.strategies.base import Strategy
 
@@ -248,35 +246,3 @@ def format_scores(metrics: dict[str, float]) -> str:
     """
     width = max(map(len, metrics), default=0)
     return "\n".join(f"{key:<{width}}  {value:.6g}" for key, value in metrics.items())
-
-
-def score_only(
-    pieces: RunPieces,
-    inputs: RunInputs,
-    progress: RunProgress,
-    context: RunContext,
-    ckpt_path: str | Path | None,
-    *,
-    clients: bool,
-    client_state_budget: int,
-    rank: int,
-) -> dict[str, float]:
-    """The global model of ``ckpt_path`` (or as built) scored on every client's held-out split or on the global test
-    set, and, on the splits of a personalised rule's run, each client's own model; said and printed by rank 0."""
-    model, strategy = inputs.model, inputs.strategy
-    model.setup_clusters(strategy)
-    if rank == 0:
-        what = "the clients' held-out splits" if clients else "the global test set"
-        if ckpt_path is None:
-            scored = "the model as built (no --ckpt_path: no round trained)"
-        else:
-            of = "" if progress.planned_rounds is None else f" of {progress.planned_rounds}"
-            scored = f"{ckpt_path}, the global model of round {progress.round}{of}"
-        print(f"fedlight: scoring {scored} on {what}")
-    metrics = scalar_metrics(pieces.evaluator.evaluate(clients=clients, test=not clients))
-    if clients and strategy.personalised and progress.run_dir is not None:  # and each client's own model
-        model.setup_client_states(strategy, context, progress.run_dir / "client_state", client_state_budget)
-        metrics.update(scalar_metrics(pieces.personal.evaluate()))
-    if rank == 0:
-        print(format_scores(metrics))
-    return metrics

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,15 +19,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fedlight import checkpoint as ckpt_io
-from fedlight.errors import ConfigError
+from fedlight.engine.stopping import round_start
+from fedlight.errors import ConfigError, RunInterrupted
 
 if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+
     from fedlight.data.datamodule import FederatedDataModule
     from fedlight.engine.model import GlobalModel
     from fedlight.engine.rundir import RunFolder
-    from fedlight.engine.setup import RunInputs
     from fedlight.engine.stopping import StopRequest
-    from fedlight.errors import RunInterrupted
     from fedlight.plans import ClientPlan
     from fedlight.strategies.base import Strategy
 
@@ -62,11 +64,21 @@ class RunProgress:
             state, model=model, strategy=strategy, callbacks=callbacks
         )
 
+    def restore(self, state: dict[str, Any], *, model: GlobalModel, strategy: Strategy, callbacks: list[Any]) -> None:
+        """Takes back a state this run wrote (:meth:`load`), the clusters of its model bank included."""
+        self.load(state, model=model, strategy=strategy, callbacks=callbacks)
+        if model.bank.num_clusters and state["bank"] is not None:
+            model.bank.load_state_dict(state["bank"])
+
 
 def run_state(
-    inputs: RunInputs,
     progress: RunProgress,
     *,
+    model: GlobalModel,
+    strategy: Strategy,
+    num_samples: list[int],
+    data_fingerprint: dict[str, str] | None,
+    described: dict[str, Any] | None,
     seed: int,
     callbacks: list[Any],
     tracker_runs: list[dict[str, Any] | None],
@@ -76,16 +88,16 @@ def run_state(
         "format": ckpt_io.FORMAT,
         "round": progress.round,
         "seed": seed,
-        **inputs.model.state_dict(),
-        "strategy": {"class": type(inputs.strategy).__qualname__, "state": inputs.strategy.state_dict()},
+        **model.state_dict(),
+        "strategy": {"class": type(strategy).__qualname__, "state": strategy.state_dict()},
         "callbacks": [callback.state_dict() for callback in callbacks],
         "torch_rng": torch.get_rng_state(),
         "history": progress.history,
         "wandb_id": progress.wandb_id,
         "tracker_runs": tracker_runs,
-        "num_samples": inputs.datamodule.num_samples.tolist(),
-        "data_fingerprint": inputs.data_fingerprint,
-        "config": inputs.described,
+        "num_samples": num_samples,
+        "data_fingerprint": data_fingerprint,
+        "config": described,
         "run_dir": None if progress.run_dir is None else str(progress.run_dir.resolve()),
     }
 
@@ -207,3 +219,23 @@ def _plain(value: Any, with_class: bool = True, depth: int = 0) -> Any:
 
 def _qualified(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
+
+
+def drop_round(
+    round_idx: int,
+    start_state: bytes | None,
+    progress: RunProgress,
+    restore: Callable[[dict[str, Any]], None],
+    fabric: Fabric,
+) -> RunInterrupted:
+    """Drops round ``round_idx`` after a stop request met between its clients: nothing of it is aggregated, and
+    ``last.ckpt`` holds the state the round started from (:func:`round_start`), which this process takes back, so
+    that a resume repeats the round exactly (``restore``: :meth:`RunProgress.restore` into the run's model, rule and
+    callbacks). Returns the error that ends the run."""
+    path = progress.run_dir / "checkpoints" / ckpt_io.LAST
+    if fabric.global_rank == 0:
+        restore(round_start(start_state, path))
+    fabric.barrier()
+    progress.round = progress.saved_round = round_idx
+    name = progress.stop.requested or "SIGTERM"  # no name here: another process received the signal
+    return RunInterrupted(name, path.absolute(), round_idx, saved=True, dropped=True)

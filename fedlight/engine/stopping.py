@@ -24,10 +24,8 @@ from fedlight import checkpoint as ckpt_io
 from fedlight.errors import RunInterrupted
 
 if TYPE_CHECKING:
-    from lightning.fabric import Fabric
+    pass
 
-    from fedlight.engine.run_state import RunProgress
-    from fedlight.engine.setup import RunInputs
 
 SIGNALS = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
@@ -99,29 +97,6 @@ def round_start(start_state: bytes | None, last: Path) -> dict[str, Any]:
     state = torch.load(io.BytesIO(start_state), map_location="cpu", weights_only=True)
     ckpt_io.save_atomic(state, last)
     return state
-
-
-def drop_round(
-    round_idx: int,
-    start_state: bytes | None,
-    progress: RunProgress,
-    inputs: RunInputs,
-    callbacks: list[Any],
-    fabric: Fabric,
-) -> RunInterrupted:
-    """Drops round ``round_idx`` after a stop request met between its clients: nothing of it is aggregated, and
-    ``last.ckpt`` holds the state the round started from (:func:`round_start`), which this process takes back, so
-    that a resume repeats the round exactly. Returns the error that ends the run."""
-    path = progress.run_dir / "checkpoints" / ckpt_io.LAST
-    if fabric.global_rank == 0:
-        state = round_start(start_state, path)
-        progress.load(state, model=inputs.model, strategy=inputs.strategy, callbacks=callbacks)
-        if inputs.model.bank.num_clusters and state["bank"] is not None:
-            inputs.model.bank.load_state_dict(state["bank"])
-    fabric.barrier()
-    progress.round = progress.saved_round = round_idx
-    name = progress.stop.requested or "SIGTERM"  # no name here: another process received the signal
-    return RunInterrupted(name, path.absolute(), round_idx, saved=True, dropped=True)
 
 
 def stopped_at_once(err: KeyboardInterrupt, run_dir: Path | None) -> RunInterrupted:

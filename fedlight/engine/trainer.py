@@ -21,6 +21,7 @@ processes, the run folder, the console and the loggers. Strategies and round cal
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from pathlib import Path
@@ -35,15 +36,15 @@ from fedlight.context import RunContext
 from fedlight.data.datamodule import FederatedDataModule
 from fedlight.engine.config import CompileMode, LoggerName, Precision, StartMethod, WandbMode
 from fedlight.engine.console import RunConsole, counted
-from fedlight.engine.evaluation import score_only
+from fedlight.engine.evaluation import format_scores
 from fedlight.engine.fits import round_counts
 from fedlight.engine.guards import RoundAbandoned, disk_full
 from fedlight.engine.hooks import Failure, call_callbacks, callback_error
 from fedlight.engine.launch import run_fabric
 from fedlight.engine.local_fit import all_finite
-from fedlight.engine.run_state import RunProgress, run_state
+from fedlight.engine.run_state import RunProgress, drop_round, run_state
 from fedlight.engine.setup import RunInputs, RunPieces, RunSetup, adopted, trainer_settings
-from fedlight.engine.stopping import StopRequest, drop_round, serialised, stopped_at_once
+from fedlight.engine.stopping import StopRequest, serialised, stopped_at_once
 from fedlight.engine.streams import RandomStreams
 from fedlight.engine.view import RunView
 from fedlight.errors import RunInterrupted
@@ -358,7 +359,10 @@ class FederatedTrainer(RunView):
             try:
                 metrics = {"round": float(round_idx + 1), **self._run_round(round_idx)}  # counted from 1
             except RoundAbandoned:  # a stop request met between the round's clients
-                progress.interrupted = drop_round(round_idx, start_state, progress, self.inputs, self.callbacks, fabric)
+                restore = functools.partial(
+                    progress.restore, model=self.model, strategy=self.strategy, callbacks=self.callbacks
+                )
+                progress.interrupted = drop_round(round_idx, start_state, progress, restore, fabric)
                 return self._end(metrics, round_idx - first)
             if settings.evaluates_after(round_idx):
                 sample = self.evaluator.sample(round_idx, self.rounds)  # None: every client's split
@@ -447,11 +451,29 @@ class FederatedTrainer(RunView):
 
     # -- evaluation only, processes and set-up ---------------------------------------------------------
     def _evaluate_only(self, model, datamodule, strategy, ckpt_path, config, clients: bool) -> dict[str, float]:
+        """The global model of ``ckpt_path`` (or as built) scored on every client's held-out split or on the global
+        test set, and, on the splits of a personalised rule's run, each client's own model; said by rank 0."""
         self._setup(model, datamodule, strategy, ckpt_path, config, logging=False, evaluating=True)
-        return score_only(
-            self.pieces, self.inputs, self.progress, self.context, ckpt_path, clients=clients,
-            client_state_budget=self.settings.memory.client_state_budget_bytes, rank=self.fabric.global_rank,
-        )  # fmt: skip
+        progress, rank = self.progress, self.fabric.global_rank
+        self.model.setup_clusters(self.strategy)
+        if rank == 0:
+            what = "the clients' held-out splits" if clients else "the global test set"
+            if ckpt_path is None:
+                scored = "the model as built (no --ckpt_path: no round trained)"
+            else:
+                of = "" if progress.planned_rounds is None else f" of {progress.planned_rounds}"
+                scored = f"{ckpt_path}, the global model of round {progress.round}{of}"
+            print(f"fedlight: scoring {scored} on {what}")
+        metrics = scalar_metrics(self.evaluator.evaluate(clients=clients, test=not clients))
+        if clients and self.strategy.personalised and progress.run_dir is not None:  # and each client's own model
+            self.model.setup_client_states(
+                self.strategy, self.context, progress.run_dir / "client_state",
+                self.settings.memory.client_state_budget_bytes,
+            )  # fmt: skip
+            metrics.update(scalar_metrics(self.pieces.personal.evaluate()))
+        if rank == 0:
+            print(format_scores(metrics))
+        return metrics
 
     def _in_processes(self, work, model, datamodule, strategy, *args, **kwargs) -> dict[str, float]:
         """Runs ``work`` on every rank (:class:`~fedlight.engine.launch.Ranks`); where the ranks were forked, this
@@ -484,9 +506,12 @@ class FederatedTrainer(RunView):
 
     def _run_state(self) -> dict[str, Any]:
         tracker_runs = self.loggers.tracker_runs()
+        inputs = self._inputs()
         return run_state(
-            self.inputs, self.progress, seed=self.seed, callbacks=self.callbacks, tracker_runs=tracker_runs
-        )
+            self.progress, model=inputs.model, strategy=inputs.strategy,
+            num_samples=inputs.datamodule.num_samples.tolist(), data_fingerprint=inputs.data_fingerprint,
+            described=inputs.described, seed=self.seed, callbacks=self.callbacks, tracker_runs=tracker_runs,
+        )  # fmt: skip
 
     def _log(self, metrics: dict[str, Any]) -> dict[str, float]:
         """Logs one round; returns its scalar metrics, which the history, CSV and checkpoints keep."""
