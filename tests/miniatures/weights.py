@@ -15,8 +15,8 @@ import torch
 
 #: every timm tag a row under conf/ names (FedSLS's ResNets, FUSS's DINO ViT, LADD's MobileNet-V2)
 TIMM_TAGS = ("resnet18.tv_in1k", "resnet50.tv_in1k", "vit_base_patch8_224.dino", "mobilenetv2_100.ra_in1k")
-#: segmentation-models-pytorch encoders with ImageNet weights that a row names (the Pascal rows' DeepLab-V3+)
-SMP_ENCODERS = ("mobilenet_v2",)
+#: segmentation-models-pytorch encoders with ImageNet weights that a row names (Pascal's DeepLab-V3+, LADD's DAFormer)
+SMP_ENCODERS = ("mobilenet_v2", "mit_b5")
 #: LADD's released code reads d-li14's MobileNet-V2 from this path, relative to where it runs
 DLI14_MOBILENET = Path("pretrained/mobilenetv2_1.0-0c6065bc.pth")
 
