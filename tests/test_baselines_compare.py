@@ -64,6 +64,8 @@ def test_a_personalised_rule_is_scored_with_its_own_models_and_the_others_with_t
 
     write("ditto", "round,clients/acc,clients/personal/acc", ["0,0.4,0.7", "1,,", "2,0.5,0.8"])
     write("fedavg", "round,clients/acc", ["0,0.45", "1,0.55"])
+    write("knn_per", "round,clients/acc,knn_per/acc", ["0,0.45,0.6"])
     assert compare.scores(tmp_path, "ditto") == [0.4, 0.5]  # the round that did not evaluate is left out
     assert compare.own_scores(tmp_path, "ditto") == [0.7, 0.8]
     assert compare.own_scores(tmp_path, "fedavg") == compare.scores(tmp_path, "fedavg") == [0.45, 0.55]
+    assert compare.own_scores(tmp_path, "knn_per") == [0.6]  # its interpolated predictor

@@ -46,8 +46,9 @@ from run_files import latest_version, read_metrics, run_options  # noqa: E402
 CONF = REPO / "conf" / "baselines"
 REFERENCE = "fedavg"
 METRIC = "clients/acc"
-#: a personalised rule's score of each client's own model, compared in a second table with FedAvg's global model
-PERSONAL = "clients/personal/acc"
+#: a personalised rule's score of each client's own model (kNN-Per: its interpolated predictor), compared in a second
+#: table with FedAvg's global model
+PERSONAL = ("clients/personal/acc", "knn_per/acc")
 #: The reduced size CI runs: a few seconds of training per run, most of a run is starting Python.
 REDUCED = {"protocols": ["digits"], "seeds": [0, 1], "rounds": 2, "overrides": ["--trainer.local_epochs=1"]}
 
@@ -99,9 +100,12 @@ def scores(root: Path, name: str, metric: str = METRIC) -> list[float]:
 
 
 def own_scores(root: Path, name: str) -> list[float]:
-    """What each client is scored with: its own model's ``clients/personal/acc`` for a personalised rule, the global
-    model's ``clients/acc`` otherwise."""
-    return scores(root, name, PERSONAL) or scores(root, name)
+    """What each client is scored with: its own model's ``clients/personal/acc`` (or kNN-Per's ``knn_per/acc``) for a
+    personalised rule, the global model's ``clients/acc`` otherwise."""
+    for metric in PERSONAL:
+        if values := scores(root, name, metric):
+            return values
+    return scores(root, name)
 
 
 def is_done(run: Run, root: Path, rounds: int) -> bool:
@@ -227,8 +231,9 @@ def main(argv: list[str] | None = None) -> int:
         personalised = [rule for rule in rules[protocol] if owns[rule] != finals[rule]]
         if personalised:
             summary += (
-                f"\n{protocol}, each client scored with its own model (`{PERSONAL}` of the personalised rules, "
-                f"`{METRIC}` of the others) over {setting}.\n\n{table(owns, rules[protocol])}\n"
+                f"\n{protocol}, each client scored with its own model (`{PERSONAL[0]}` of the personalised rules, "
+                f"`{PERSONAL[1]}` of kNN-Per, `{METRIC}` of the others) over {setting}.\n\n"
+                f"{table(owns, rules[protocol])}\n"
             )
         (out / f"{protocol}.md").write_text(summary)
         print(f"\n{summary}")
