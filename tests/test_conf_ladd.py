@@ -37,9 +37,9 @@ TABLE8 = {"table8_source_only", "table8_pretrain_fda", "table8_ladd"}
 ROWS = {
     "crosscity": set(FEDERATED) | set(PRETRAINING) | MCD,
     "crosscity_4clients": {"source_only", "pretrain_fda", "ladd"},
-    "twin": set(FEDERATED) | set(PRETRAINING) | {"oracle_federated"} | MCD | TABLE8,
+    "twin": set(FEDERATED) | set(PRETRAINING) | {"oracle_federated", "daformer"} | MCD | TABLE8,
     "cityscapes": {"source_only", "pretrain_fda", "fedavg_st", "ladd_cls", "ladd_all", "oracle_federated",
-                   "oracle_centralized"} | MCD | FTDA,
+                   "oracle_centralized", "daformer"} | MCD | FTDA,
     "mapillary": {"source_only", "pretrain_fda", "fedavg_st", "ladd_cls", "ladd_all", "oracle_federated"} | MCD,
 }  # fmt: skip
 

@@ -11,6 +11,7 @@ MOON, FedDecorr, feature discrepancy) can split encoder from classifier without 
 
 from fedlight.models.celeba_cnn import CelebACNN
 from fedlight.models.cnn import CNN
+from fedlight.models.daformer import DAFormerNet
 from fedlight.models.deeplab import DeepLabV3Plus
 from fedlight.models.deeplabv3_mobilenet import DeepLabV3MobileNetV2
 from fedlight.models.mini_deeplab import MiniDeepLab
@@ -22,6 +23,7 @@ __all__ = [
     "CNN",
     "MLP",
     "CelebACNN",
+    "DAFormerNet",
     "DeepLabV3MobileNetV2",
     "DeepLabV3Plus",
     "MiniDeepLab",

@@ -7,7 +7,6 @@ from torch import nn
 
 from fedlight.clients import DAFormerClient, LocalFit
 from fedlight.clients.daformer import (
-    ContextAwareFusion,
     RareClassSampling,
     class_mix_masks,
     confidence_weight,
@@ -21,6 +20,7 @@ from fedlight.data import FederatedDataModule, Scenes
 from fedlight.data.partition import DirichletPowerLaw
 from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
+from fedlight.models.daformer import ContextAwareFusion
 from fedlight.strategies import FedAvg
 
 VOID = 255

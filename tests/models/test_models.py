@@ -7,6 +7,7 @@ from fedlight.models import create_model, list_models
 SHAPES = {
     "mlp": (60,),
     "cnn": (1, 28, 28),
+    "daformer": (3, 64, 64),
     "celeba_cnn": (3, 84, 84),
     "deeplabv3plus": (3, 32, 32),
     "deeplabv3_mobilenetv2": (3, 64, 64),
@@ -15,7 +16,7 @@ SHAPES = {
     "resnet50": (3, 32, 32),
 }
 #: Dense models and their feature strides: features [B, D, H/s, W/s] and per-pixel logits [B, C, H, W].
-DENSE = {"deeplabv3plus": 4, "deeplabv3_mobilenetv2": 32, "mini_deeplab": 8}
+DENSE = {"deeplabv3plus": 4, "deeplabv3_mobilenetv2": 32, "mini_deeplab": 8, "daformer": 4}
 
 
 @pytest.mark.parametrize("name", list_models())

@@ -16,7 +16,7 @@ NOT_RULES = {
 }
 
 
-def tested_classes() -> set[type]:
+def classes_in_testers() -> set[type]:
     factories = [
         *plain.STRATEGIES.values(),
         *plain.IMAGE_STRATEGIES.values(),
@@ -35,7 +35,7 @@ def test_every_exported_rule_is_in_a_shared_tester():
         for name in strategies.__all__
         if inspect.isclass(value := getattr(strategies, name)) and issubclass(value, Strategy)
     }
-    missing = sorted(rule.__name__ for rule in exported - tested_classes() - set(NOT_RULES))
+    missing = sorted(rule.__name__ for rule in exported - classes_in_testers() - set(NOT_RULES))
     assert not missing, f"rules with no row in tests/strategies/test_invariants*.py: {', '.join(missing)}"
 
 
@@ -43,4 +43,4 @@ def test_the_check_sees_a_rule_left_out():
     class Unlisted(Strategy):
         pass
 
-    assert Unlisted not in tested_classes() and strategies.FedAvg in tested_classes()
+    assert Unlisted not in classes_in_testers() and strategies.FedAvg in classes_in_testers()
