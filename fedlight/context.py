@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from fedlight.bank import ModelBank
     from fedlight.data.datamodule import FederatedDataModule
+    from fedlight.engine.run import Run
     from fedlight.plans import ClientPlan
     from fedlight.state import FlatState
 
@@ -50,11 +51,11 @@ class RunContext:
     """A run as its hooks see it; built by the trainer, read-only for hooks.
 
     Args:
-        engine: the object that runs the rounds. It is held privately: hooks use the names below.
+        run: the trainer's :class:`~fedlight.engine.run.Run`. It is held privately: hooks use the names below.
     """
 
-    def __init__(self, engine: Any) -> None:
-        self._engine = engine
+    def __init__(self, run: Run) -> None:
+        self._run = run
 
     # -- the run ---------------------------------------------------------------------------------------
     def due(self, round_idx: int, every: int) -> bool:
@@ -63,64 +64,64 @@ class RunContext:
 
     @property
     def rounds(self) -> int:
-        return self._engine.rounds
+        return self._run.rounds
 
     @property
     def round(self) -> int:
-        return self._engine.round
+        return self._run.round
 
     @property
     def plans(self) -> list[ClientPlan]:
-        return self._engine.plans
+        return self._run.plans
 
     @property
     def seed(self) -> int:
-        return self._engine.seed
+        return self._run.seed
 
     @property
     def name(self) -> str:
-        return self._engine.name
+        return self._run.name
 
     @property
     def run_dir(self) -> Path | None:
-        return self._engine.run_dir
+        return self._run.run_dir
 
     @property
     def config(self) -> dict[str, Any] | None:
-        return self._engine.config
+        return self._run.config
 
     @property
     def callbacks(self) -> list[Any]:
-        return self._engine.callbacks
+        return self._run.callbacks
 
     # -- models and data -------------------------------------------------------------------------------
     @property
     def module(self) -> LightningModule:
-        return self._engine.model.module
+        return self._run.model.module
 
     @property
     def layout(self) -> FlatState:
-        return self._engine.model.layout
+        return self._run.model.layout
 
     @property
     def bank(self) -> ModelBank:
-        return self._engine.model.bank
+        return self._run.model.bank
 
     @property
     def global_state(self) -> torch.Tensor:
-        return self._engine.model.global_state
+        return self._run.model.global_state
 
     @property
     def global_integers(self) -> dict[str, torch.Tensor]:
-        return self._engine.model.integers
+        return self._run.model.integers
 
     def global_module(self) -> LightningModule:
         """The resident module with W^t loaded, in eval mode; the next local fit loads its own state into it."""
-        return self._engine.model.evaluation_module()
+        return self._run.model.evaluation_module()
 
     @property
     def datamodule(self) -> FederatedDataModule:
-        return self._engine.datamodule
+        return self._run.datamodule
 
     @property
     def client_state(self) -> dict[str, torch.Tensor]:
@@ -130,33 +131,33 @@ class RunContext:
         them with new tensors of the same size; the engine keeps what the dict holds when the fit ends (and the
         local slots' entries of the trained state).
         """
-        store = self._engine.model.client_states
+        store = self._run.model.client_states
         if store is None or store.current is None:
             raise RuntimeError("context.client_state is read outside a local fit, or the rule declares no slots")
         return store.current
 
     @property
     def precision(self) -> Precision:
-        return self._engine.fabric.strategy.precision
+        return self._run.fabric.strategy.precision
 
     # -- processes -------------------------------------------------------------------------------------
     @property
     def rank(self) -> int:
-        return self._engine.fabric.global_rank
+        return self._run.fabric.global_rank
 
     @property
     def world_size(self) -> int:
-        return self._engine.fabric.world_size
+        return self._run.fabric.world_size
 
     @property
     def device(self) -> torch.device:
-        return self._engine.fabric.device
+        return self._run.fabric.device
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """The sum of ``tensor`` over processes (itself with one process)."""
         if self.world_size == 1:
             return tensor
-        return self._engine.fabric.all_reduce(tensor, reduce_op="sum")
+        return self._run.fabric.all_reduce(tensor, reduce_op="sum")
 
     def all_gather_objects(self, obj: Any) -> list[Any]:
         """Every process's ``obj``, in rank order."""
@@ -206,26 +207,26 @@ class RunContext:
         has. For warm-ups before the first round (FedSLS's static weights) and for a second training inside a
         client's fit (FedRep's head epochs, Ditto's personal model); returns the number of steps.
         """
-        training = self._engine.training
+        training = self._run.pieces.training
         return training.train_outside_rounds(module or self.module, client, epochs, seed, full_batches, loss)
 
     # -- randomness ------------------------------------------------------------------------------------
     def round_rng(self, round_idx: int) -> np.random.Generator:
         """The generator of round ``round_idx``'s server-side draws (sampling, stragglers)."""
-        return self._engine.streams.round_rng(round_idx)
+        return self._run.streams.round_rng(round_idx)
 
     def strategy_rng(self, round_idx: int) -> np.random.Generator:
         """A generator for a strategy's own server-side draws in round ``round_idx``."""
-        return self._engine.streams.strategy_rng(round_idx)
+        return self._run.streams.strategy_rng(round_idx)
 
     def client_seed(self, round_idx: int, client: int) -> int:
         """The seed of client ``client``'s stream in round ``round_idx``."""
-        return self._engine.streams.client_seed(round_idx, client)
+        return self._run.streams.client_seed(round_idx, client)
 
     # -- output ----------------------------------------------------------------------------------------
     def log_images(self, images: dict[str, list[Any]], step: int) -> None:
         """Sends images (file paths, arrays or PIL images) to W&B under their keys, from rank 0."""
-        self._engine.loggers.log_images(images, step)
+        self._run.pieces.loggers.log_images(images, step)
 
 
 def all_gather_objects(obj: Any, world_size: int) -> list[Any]:

@@ -109,8 +109,8 @@ def fit(tmp_path, strategy, rounds=2, clients_per_round=3):
 def test_two_clusters_average_bn_within_clusters_and_the_rest_over_all_clients(tmp_path):
     strategy = Recording(clusters=[0, 0, 1], cluster_layers="bn")
     trainer, data, _ = fit(tmp_path, strategy)
-    layout = trainer.layout
-    bn = layout.mask(cluster_entry_names(trainer.module, layout, "bn"))
+    layout = trainer.model.layout
+    bn = layout.mask(cluster_entry_names(trainer.model.module, layout, "bn"))
     assert layout.names == [
         "net.encoder.0.weight", "net.encoder.0.bias", "net.encoder.1.weight", "net.encoder.1.bias",
         "net.encoder.1.running_mean", "net.encoder.1.running_var", "net.head.weight", "net.head.bias",
@@ -138,7 +138,7 @@ def test_two_clusters_average_bn_within_clusters_and_the_rest_over_all_clients(t
 def test_a_cluster_without_clients_keeps_its_values_or_restarts_from_the_global_model(tmp_path, reset):
     strategy = Recording(clusters=[0, 0, 1], cluster_layers="bn", reset_unsampled_clusters=reset)
     trainer, _, _ = fit(tmp_path, strategy, rounds=4, clients_per_round=1)
-    bn = trainer.bank.index
+    bn = trainer.model.bank.index
     unsampled = 0
     for t in range(4):
         (client,) = strategy.ends[t]
@@ -161,14 +161,14 @@ def test_routed_metrics_equal_each_member_on_the_samples_routed_to_it(tmp_path):
     members = {}
     for cluster in (0, 1):
         member = copy.deepcopy(model)
-        trainer.layout.load(member, trainer.bank.member(cluster), trainer.global_integers)
+        trainer.model.layout.load(member, trainer.model.bank.member(cluster), trainer.model.integers)
         members[cluster] = member.eval()
     with torch.no_grad():
         for i in range(len(y)):
             logits = members[strategy.clusters[int(clients[i])]].net(x[i : i + 1])
             correct += float(logits.argmax(1).item() == y[i].item())
             losses += F.cross_entropy(logits, y[i : i + 1]).item()
-        global_logits = trainer.global_module().net(x)
+        global_logits = trainer.model.evaluation_module().net(x)
     assert metrics["clients/routed/acc"] == pytest.approx(correct / len(y), abs=1e-6)
     assert metrics["clients/routed/loss"] == pytest.approx(losses / len(y), abs=1e-5)
     assert metrics["clients/loss"] == pytest.approx(F.cross_entropy(global_logits, y).item(), abs=1e-5)

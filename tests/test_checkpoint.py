@@ -50,7 +50,7 @@ class FirstState(FedAvg):
 def test_a_federated_run_starts_from_a_centralized_runs_last_checkpoint(tmp_path):
     source = trainer(tmp_path, "centralized")
     source.fit(make_model(seed=0), make_data(centralized=True), FedAvg())
-    pretrained = source.layout.to_state_dict(source.global_state, source.global_integers)
+    pretrained = source.model.layout.to_state_dict(source.global_state, source.model.integers)
 
     strategy = FirstState()
     checkpoint = source.run_dir / "checkpoints" / "last.ckpt"
@@ -150,7 +150,7 @@ def test_a_checkpoint_written_before_checksums_still_loads(tmp_path):
     assert ckpt_io.load(folder / "last.ckpt")["round"] == 4
     resumed = trainer(tmp_path, "run", rounds=5, checkpoint_every=2)
     resumed.fit(make_model(), make_data(), FedAvg(), ckpt_path=folder / "last.ckpt")
-    assert resumed.round == 5
+    assert resumed.run.round == 5
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
@@ -273,7 +273,7 @@ def test_a_checkpoint_written_from_python_keeps_its_settings_and_refuses_others_
     assert ckpt_io.config_differences(config, resolved) == ["data.batch_size: 10 in the checkpoint, 32 now"]
     resumed = trainer(tmp_path, "run", rounds=3)
     resumed.fit(make_model(), make_data(), FedAvg(), ckpt_path=last)  # the same settings, more rounds
-    assert resumed.round == 3
+    assert resumed.run.round == 3
 
 
 def test_an_empty_checkpoint_file_says_it_is_empty(tmp_path):

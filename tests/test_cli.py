@@ -84,7 +84,7 @@ def test_every_config_parses_and_instantiates(parser, parsed, networks_built_onc
             parser.instantiate(cfg)
         cfg.fit.model.init_args.crf = False
     objects = parser.instantiate(cfg).fit
-    assert objects.trainer.rounds >= 1
+    assert objects.trainer.run.rounds >= 1
     assert objects.model.net is not None
 
 

@@ -68,10 +68,10 @@ def test_frozen_parts_are_not_federated_and_stay_bit_identical(tmp_path):
     trainer = FederatedTrainer(rounds=2, clients_per_round=2, local_epochs=1, **settings)
     trainer.fit(model, data, FedAvg())
 
-    assert trainer.layout.numel == head_numel == 48_422
+    assert trainer.model.layout.numel == head_numel == 48_422
     # the round's buffers: W^t in fp32 (4 bytes) and the streamed weighted sum in fp64 (8 bytes) per
     # federated entry, plus the fp64 weight total (8 bytes)
-    assert trainer.aggregation_nbytes == head_numel * (4 + 8) + 8
+    assert trainer.run.pieces.fits.aggregation_nbytes == head_numel * (4 + 8) + 8
     # the backbone, BatchNorm statistics included (it runs in eval mode), is exactly as it was loaded
     for name, value in model.net.backbone.state_dict().items():
         assert torch.equal(value, backbone_before[name]), name
@@ -157,7 +157,7 @@ def test_trainable_children_of_a_partly_frozen_module_are_averaged_checkpointed_
     strategy = RecordClientStates()
     two_rounds = FederatedTrainer(rounds=2, default_root_dir=tmp_path / "a", **settings)
     two_rounds.fit(partly_frozen_client(), FederatedDataModule(Vectors(), batch_size=10), strategy)
-    global_state = two_rounds.layout.to_state_dict(two_rounds.global_state, two_rounds.global_integers)
+    global_state = two_rounds.model.layout.to_state_dict(two_rounds.global_state, two_rounds.model.integers)
 
     # averaged: the last round's four clients, weighted by their sample counts (all 20)
     last = strategy.trained[-4:]

@@ -198,7 +198,7 @@ def one_seed(args, seed: int) -> tuple[dict[str, list[float]], FederatedTrainer]
         print(f"  {name}: " + " / ".join(f"{v:.2f}" for v in scores[name]) + f" ({seconds:.0f} s), "
               f"run folder {trainer.run_dir}", flush=True)  # fmt: skip
         if args.figures and "W+E+C" in name:  # the last round's client centroids and the server's
-            maps = centroid_maps(strategy.last_client_centroids, trainer.module.centroids.clusters, seed)
+            maps = centroid_maps(strategy.last_client_centroids, trainer.model.module.centroids.clusters, seed)
             plot_centroid_maps(maps, trainer.run_dir / "centroids.png", f"{name}, seed {seed}")
     return scores, trainer
 
@@ -272,10 +272,10 @@ def main() -> None:
                 needed = seeds_needed(delta, p.sd) if p.sd > 0 else "–"
                 print(f"| {name} | {delta:+.2f} | {', '.join(f'{x:+.2f}' for x in d)} | {p} | {needed} |")
 
-    cache = trainer.callbacks[0].cache
+    cache = trainer.run.callbacks[0].cache
     print(f"\nfeature cache: {cache.nbytes / 2**20:.2f} MiB for {len(cache.stores)} clients "
           f"({cache.client_nbytes(0) / 2**10:.1f} KiB for client 0); aggregation buffers: "
-          f"{trainer.aggregation_nbytes / 2**10:.1f} KiB")  # fmt: skip
+          f"{trainer.run.pieces.fits.aggregation_nbytes / 2**10:.1f} KiB")  # fmt: skip
     dino = UnsupervisedSegmentationClient(27, (3, 224, 224), pretrained="vit_base_patch8_224.dino")  # not fetched
     layout = FlatState(dino, dino.frozen_modules)
     per_image = 768 * 28 * 28 * 2

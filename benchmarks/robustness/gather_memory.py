@@ -49,9 +49,9 @@ def one(aggregator: str, budget_mb: float) -> dict:
     return {
         "aggregator": aggregator,
         "budget_mb": budget_mb,
-        "numel": trainer.layout.numel,
-        "whole_mb": 10 * trainer.layout.numel * 4 / 2**20,
-        "gather_peak_mb": trainer.gather_peak_nbytes / 2**20,
+        "numel": trainer.model.layout.numel,
+        "whole_mb": 10 * trainer.model.layout.numel * 4 / 2**20,
+        "gather_peak_mb": trainer.run.pieces.aggregation.gather_peak_nbytes / 2**20,
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "rss_before_fit_mb": before / 1024,
         "global_state_sum": float(trainer.global_state.double().sum()),

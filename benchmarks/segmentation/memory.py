@@ -63,10 +63,10 @@ def measure(size: int, clients_per_round: int, local_epochs: int, root: str) -> 
     )
     started = time.perf_counter()
     metrics = trainer.fit(model, data, FedAvg())
-    parameters = trainer.layout.numel
+    parameters = trainer.model.layout.numel
     out = {
         "clients_per_round": clients_per_round,
-        "steps": sum(data.num_batches(p.client) * p.epochs for p in trainer.plans),
+        "steps": sum(data.num_batches(p.client) * p.epochs for p in trainer.run.plans),
         "round_s": time.perf_counter() - started,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux reports KiB
         "parameters": parameters,

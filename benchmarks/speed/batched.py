@@ -113,8 +113,8 @@ def run(name: str, batching, rounds: int, reduced: bool, compiled: bool = False,
         "round_s": statistics.median(times),
         "wall_s": time.perf_counter() - started,
         "state": trainer.global_state.clone(),
-        "numel": trainer.layout.numel,
-        "vectorised": batching is not None and not isinstance(trainer.fits.vectorised, str),
+        "numel": trainer.model.layout.numel,
+        "vectorised": batching is not None and not isinstance(trainer.run.pieces.fits.vectorised, str),
         # a lockstep stack runs as many steps as its longest client: Σ steps / max steps bounds its speed-up
         "bound": statistics.median(sum(steps) / max(steps) for steps in strategy.steps[1:] or strategy.steps),
     }

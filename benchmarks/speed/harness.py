@@ -450,7 +450,7 @@ def run_fedlight(
     if batched:  # no client hooks: the round's time is all there is
         probe.train_s = [math.nan] * args.rounds
     trainer.fit(work.make_client(), work.make_datamodule(), FedAvg() if batched else TimedFedAvg())
-    if trainer.fabric.global_rank != 0:
+    if trainer.run.fabric.global_rank != 0:
         return None
     ends = [*probe.starts[1:], probe.fit_end]
     metric_key = "test/miou" if work.task == "segmentation" else "test/acc"

@@ -69,7 +69,9 @@ def main() -> None:
         def fedlight_pass() -> float:
             started = time.perf_counter()
             for client in clients:
-                trainer.training.fit(0, ClientPlan(client=client, epochs=work.local_epochs), trainer.global_state)
+                trainer.run.pieces.training.fit(
+                    0, ClientPlan(client=client, epochs=work.local_epochs), trainer.global_state
+                )
             return time.perf_counter() - started
 
         def floor_pass() -> float:

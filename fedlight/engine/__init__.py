@@ -3,7 +3,7 @@
 =====================  ==========================================================================
 ``trainer``            ``FederatedTrainer``: the signature, the entry points and the round loop
 ``setup``              the settings, checks and set-up of a run: its inputs, pieces and progress
-``view``               what a script reads of a run through the trainer
+``run``                the run as one typed object: settings, inputs, pieces, progress
 ``config``             the trainer's settings, grouped by the piece that reads them
 ``model``              the resident client module and the global model W^t (its bank)
 ``fits``               a round's local fits on this process, streamed into the round's sums

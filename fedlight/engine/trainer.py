@@ -42,11 +42,12 @@ from fedlight.engine.guards import RoundAbandoned, disk_full
 from fedlight.engine.hooks import Failure, call_callbacks, callback_error
 from fedlight.engine.launch import run_fabric
 from fedlight.engine.local_fit import all_finite
-from fedlight.engine.run_state import RunProgress, drop_round, run_state
-from fedlight.engine.setup import RunInputs, RunPieces, RunSetup, adopted, trainer_settings
+from fedlight.engine.model import GlobalModel
+from fedlight.engine.run import Run
+from fedlight.engine.run_state import drop_round, run_state
+from fedlight.engine.setup import RunSetup, adopted, trainer_settings
 from fedlight.engine.stopping import StopRequest, serialised, stopped_at_once
 from fedlight.engine.streams import RandomStreams
-from fedlight.engine.view import RunView
 from fedlight.errors import RunInterrupted
 from fedlight.metrics.scalars import scalar_metrics
 from fedlight.plans import ClientPlan
@@ -54,7 +55,7 @@ from fedlight.strategies.base import Strategy
 from fedlight.strategies.functional import straggler_plan
 
 
-class FederatedTrainer(RunView):
+class FederatedTrainer:
     """Runs federated rounds of a client module under a strategy.
 
     Args:
@@ -159,8 +160,8 @@ class FederatedTrainer(RunView):
             process keeps its own clients' states on its CPU; when K × P × 4 bytes exceed the budget, rules that
             work by blocks (the robust aggregators, ALIE and IPM) read the states a block of columns at a time,
             gathered from all processes, so no process holds every client's whole state. Rules that need whole
-            states read them at once whatever the budget, with a warning. ``trainer.gather_peak_nbytes`` reports
-            the largest block of the last round.
+            states read them at once whatever the budget, with a warning.
+            ``trainer.run.pieces.aggregation.gather_peak_nbytes`` reports the largest block of the last round.
         client_state_budget_mb: for rules that keep per-client state (SCAFFOLD's control variates, FedBN's
             BatchNorm, FedPer's head, Ditto's personal models), the most memory, in MiB, that the clients' states
             kept in memory may take on a process. Every client's state is written to
@@ -224,21 +225,38 @@ class FederatedTrainer(RunView):
     ) -> None:
         #: the arguments as given, described in the checkpoints of runs started from Python
         self.init_args = {name: value for name, value in locals().items() if name != "self"}
-        #: the settings, grouped by the piece of the engine that reads them
-        self.settings = trainer_settings(self.init_args)
+        settings = trainer_settings(self.init_args)
         # The command line seeds everything before instantiating anything; PL_GLOBAL_SEED is that seed.
-        self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
-        self.streams = RandomStreams(self.seed)
-        self.fabric = run_fabric(self.settings.processes, callbacks)
-        self.callbacks = list(callbacks or [])
-        self.context = RunContext(self)
-        self.run_setup = RunSetup(
-            self.init_args, self.settings, self.seed, self.fabric, self.streams, self.callbacks, self.context
-        )
+        seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+        streams = RandomStreams(seed)
+        fabric = run_fabric(settings.processes, callbacks)
+        #: the run: its settings, inputs, pieces and progress (:class:`~fedlight.engine.run.Run`)
+        self.run = Run(settings, seed, streams, fabric, list(callbacks or []))
+        #: what the rule's and callbacks' hooks see of the run
+        self.context = RunContext(self.run)
+        self.run_setup = RunSetup(self.init_args, settings, seed, fabric, streams, self.run.callbacks, self.context)
         self.console = RunConsole(enabled=False, progress_bar=False)  # fit sets up the run's own
-        self.inputs: RunInputs | None = None  # what the run is made of, once set up
-        self.pieces: RunPieces | None = None  # the engine's pieces that run its rounds
-        self.progress = RunProgress()
+
+    # -- what a script reads of a run ----------------------------------------------------------------
+    @property
+    def model(self) -> GlobalModel:
+        """The global model: the resident module, its layout, the bank and W^t (once the run is set up)."""
+        return self.run.model
+
+    @property
+    def global_state(self):
+        """W^t, the ``[P]`` fp32 federated state of the global model: what ``fit`` trained."""
+        return self.run.model.global_state
+
+    @property
+    def history(self) -> list[dict[str, float]]:
+        """Every round's scalar metrics, as ``metrics.csv`` holds them."""
+        return self.run.progress.history
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The run folder (None before it exists, and for runs that write none)."""
+        return self.run.progress.run_dir
 
     # -- public entry points ----------------------------------------------------------------------
     def fit(
@@ -268,15 +286,15 @@ class FederatedTrainer(RunView):
                 dropping the unfinished round (or, for a signal after the round's clients, after that round), and
                 wrote a checkpoint (a second signal stops it at once); the exception names the checkpoint.
         """
-        self.progress.interrupted = None
+        self.run.progress.interrupted = None
         try:
             result = self._in_processes(self._fit, model, datamodule, strategy, ckpt_path, config)
         except KeyboardInterrupt as err:  # a second signal, or one before the rounds began
             if isinstance(err, RunInterrupted):
                 raise
-            raise stopped_at_once(err, self.run_dir) from None
-        if self.progress.interrupted is not None:
-            raise self.progress.interrupted
+            raise stopped_at_once(err, self.run.run_dir) from None
+        if self.run.progress.interrupted is not None:
+            raise self.run.progress.interrupted
         return result
 
     def validate(
@@ -302,29 +320,30 @@ class FederatedTrainer(RunView):
         return self._in_processes(self._evaluate_only, model, datamodule, strategy, ckpt_path, config, clients=False)
 
     def _fit(self, model, datamodule, strategy, ckpt_path, config) -> dict[str, float]:
+        run = self.run
         try:
             self._setup(model, datamodule, strategy, ckpt_path, config)
-            if self.round == self.rounds:
-                if self.fabric.global_rank == 0:
+            if run.round == run.rounds:
+                if run.fabric.global_rank == 0:
                     print(
-                        f"fedlight: {ckpt_path} holds all {counted(self.rounds, 'round')}; nothing to resume. Raise "
+                        f"fedlight: {ckpt_path} holds all {counted(run.rounds, 'round')}; nothing to resume. Raise "
                         "--trainer.rounds to continue the run."
                     )
-                return dict(self.history[-1]) if self.history else {}
-            with StopRequest(announce=self.fabric.global_rank == 0) as stop:
+                return dict(run.history[-1]) if run.history else {}
+            with StopRequest(announce=run.fabric.global_rank == 0) as stop:
                 return self._rounds(stop)
         except OSError as err:
-            error = disk_full(err, self.run_dir)
+            error = disk_full(err, run.run_dir)
             if error is None:
                 raise
             raise error from None
         finally:
-            if self.progress.folder is not None:
-                self.progress.folder.release()
+            if run.progress.folder is not None:
+                run.progress.folder.release()
 
     # -- the rounds ----------------------------------------------------------------------------------
     def _rounds(self, stop: StopRequest) -> dict[str, float]:
-        """The rounds from ``self.round`` on, until a stop request: one met while clients train drops the unfinished
+        """The rounds from ``run.round`` on, until a stop request: one met while clients train drops the unfinished
         round once the client in training finishes and checkpoints the state the round started from; one met
         later ends the round with a checkpoint.
 
@@ -332,26 +351,28 @@ class FederatedTrainer(RunView):
         is logged and checkpointed first, then the run stops with :class:`CallbackFailed` naming the callback
         and the checkpoint (a :class:`ConfigError` stays one, with the checkpoint added).
         """
-        fabric, context, settings, progress = self.fabric, self.context, self.settings.loop, self.progress
+        run, context = self.run, self.context
+        fabric, settings, progress, model, strategy = run.fabric, run.settings, run.progress, run.model, run.strategy
+        pieces, callbacks = run.pieces, run.callbacks
         last_ckpt = progress.run_dir / "checkpoints" / ckpt_io.LAST
         progress.stop = stop
         fabric.call("on_fit_start", context)
-        self.strategy.on_fit_start(context)
-        self.model.setup_clusters(self.strategy)
-        memory = self.settings.memory
-        folder = progress.run_dir / "client_state"
-        self.model.setup_client_states(
-            self.strategy, context, folder, memory.client_state_budget_bytes, memory.keep_client_states
-        )
+        strategy.on_fit_start(context)
+        model.setup_clusters(strategy)
+        memory = settings.memory
+        model.setup_client_states(
+            strategy, context, progress.run_dir / "client_state", memory.client_state_budget_bytes,
+            memory.keep_client_states,
+        )  # fmt: skip
         console = self._start_console()
         first = progress.round
         metrics: dict[str, float] = progress.history[-1] if progress.history else {}
-        for round_idx in range(progress.round, self.rounds):
+        for round_idx in range(progress.round, run.rounds):
             started = time.perf_counter()
             # rank 0's state as the round starts, for a stop that drops it (None: last.ckpt holds it; other ranks)
             keep = fabric.global_rank == 0 and progress.saved_round != round_idx
             start_state = serialised(self._run_state()) if keep else None
-            failure = call_callbacks(self.callbacks, "on_round_start", context, round_idx)
+            failure = call_callbacks(callbacks, "on_round_start", context, round_idx)
             if failure is not None:
                 if progress.round > first:  # the rounds since the last checkpoint
                     self.save_checkpoint(last_ckpt)
@@ -359,25 +380,23 @@ class FederatedTrainer(RunView):
             try:
                 metrics = {"round": float(round_idx + 1), **self._run_round(round_idx)}  # counted from 1
             except RoundAbandoned:  # a stop request met between the round's clients
-                restore = functools.partial(
-                    progress.restore, model=self.model, strategy=self.strategy, callbacks=self.callbacks
-                )
+                restore = functools.partial(progress.restore, model=model, strategy=strategy, callbacks=callbacks)
                 progress.interrupted = drop_round(round_idx, start_state, progress, restore, fabric)
                 return self._end(metrics, round_idx - first)
-            if settings.evaluates_after(round_idx):
-                sample = self.evaluator.sample(round_idx, self.rounds)  # None: every client's split
-                metrics.update(self.evaluator.evaluate(clients=True, test=True, sample=sample))
-                metrics.update(self.pieces.personal.evaluate())  # personalised rules: each client's own model
+            if settings.loop.evaluates_after(round_idx):
+                sample = pieces.evaluator.sample(round_idx, run.rounds)  # None: every client's split
+                metrics.update(pieces.evaluator.evaluate(clients=True, test=True, sample=sample))
+                metrics.update(pieces.personal.evaluate())  # personalised rules: each client's own model
             progress.round = round_idx + 1
-            failure = call_callbacks(self.callbacks, "on_round_end", context, round_idx, metrics)
+            failure = call_callbacks(callbacks, "on_round_end", context, round_idx, metrics)
             metrics["round/time_s"] = time.perf_counter() - started
             metrics = self._log(metrics)
-            stopping = stop.agreed(self.fabric)
-            last = progress.round == self.rounds
-            if progress.round % settings.checkpoint_every == 0 or last or stopping or failure is not None:
+            stopping = stop.agreed(fabric)
+            last = progress.round == run.rounds
+            if progress.round % settings.loop.checkpoint_every == 0 or last or stopping or failure is not None:
                 self.save_checkpoint(last_ckpt)
                 progress.saved_round = progress.round
-            console.round_end(round_idx, self.rounds, metrics)
+            console.round_end(round_idx, run.rounds, metrics)
             if failure is not None:
                 raise self._callback_failure(failure, metrics, progress.round - first)
             if stopping and not last:
@@ -385,29 +404,30 @@ class FederatedTrainer(RunView):
                     stop.requested or "SIGINT", last_ckpt.absolute(), progress.round, True
                 )
                 return self._end(metrics, progress.round - first)
-        failure = call_callbacks(self.callbacks, "on_fit_end", context)
+        failure = call_callbacks(callbacks, "on_fit_end", context)
         if failure is not None:
             raise self._callback_failure(failure, metrics, progress.round - first)
         return self._end(metrics, progress.round - first)
 
     def _run_round(self, round_idx: int) -> dict[str, float]:
         """Plan → local fit → aggregate; returns the round's training metrics."""
-        model, strategy, guards = self.model, self.strategy, self.pieces.guards
+        run = self.run
+        model, strategy, pieces = run.model, run.strategy, run.pieces
         plans = self._plan(round_idx)
-        self.progress.plans = plans  # for hooks that look at the round's clients (e.g. MMD over K^t)
+        run.progress.plans = plans  # for hooks that look at the round's clients (e.g. MMD over K^t)
         strategy.on_round_start(self.context, round_idx, plans)
-        updates, sums, states, integers = self.fits.run(round_idx, plans, self.progress.stop)
+        updates, sums, states, integers = pieces.fits.run(round_idx, plans, run.progress.stop)
         aggregated = [u for u in updates if u.finite]
         if not aggregated:  # all non-finite or outsized (a round where all failed stopped in the fits)
-            raise guards.none_aggregated(round_idx, updates)
+            raise pieces.guards.none_aggregated(round_idx, updates)
         if strategy.gather_states:
-            model.global_state = self.aggregation.gathered(model.global_state, states, aggregated)
+            model.global_state = pieces.aggregation.gathered(model.global_state, states, aggregated)
         else:
-            model.global_state = self.aggregation.streamed(model.bank, sums, aggregated)
+            model.global_state = pieces.aggregation.streamed(model.bank, sums, aggregated)
         model.integers.update(integers)
         if not all_finite(model.global_state):
-            raise guards.diverged(round_idx, type(strategy).__name__)
-        guards.warn_failed(round_idx, [u for u in updates if "error" in u.payload], len(updates))
+            raise pieces.guards.diverged(round_idx, type(strategy).__name__)
+        pieces.guards.warn_failed(round_idx, [u for u in updates if "error" in u.payload], len(updates))
         return {
             **round_counts(plans, updates, aggregated),
             **strategy.on_round_end(self.context, round_idx, aggregated),
@@ -415,47 +435,50 @@ class FederatedTrainer(RunView):
 
     def _plan(self, round_idx: int) -> list[ClientPlan]:
         """K^t from the strategy and the δ-fraction of stragglers, all drawn from the round's stream."""
-        settings, rng = self.settings.loop, self.streams.round_rng(round_idx)
-        clients = self.strategy.sample_clients(self.datamodule.num_samples, settings.clients_per_round, rng)
+        run = self.run
+        settings, rng, strategy = run.settings.loop, run.streams.round_rng(round_idx), run.strategy
+        clients = strategy.sample_clients(run.datamodule.num_samples, settings.clients_per_round, rng)
         stragglers, epochs = straggler_plan(len(clients), settings.straggler_fraction, settings.local_epochs, rng)
         return [
-            ClientPlan(int(c), int(e), bool(s), dropped=bool(s) and not self.strategy.tolerate_stragglers)
+            ClientPlan(int(c), int(e), bool(s), dropped=bool(s) and not strategy.tolerate_stragglers)
             for c, e, s in zip(clients, epochs, stragglers, strict=True)
         ]
 
     # -- the console and callback failures ------------------------------------------------------------
     def _start_console(self) -> RunConsole:
         """The run's console, with its start line; the local fits show their clients' bar on it."""
-        settings = self.settings.loop
-        console = self.console = self.fits.console = RunConsole(
-            self.fabric.global_rank == 0, self.logging.enable_progress_bar
+        run = self.run
+        settings = run.settings
+        console = self.console = run.pieces.fits.console = RunConsole(
+            run.fabric.global_rank == 0, settings.logging.enable_progress_bar
         )
-        self.training.say = console.print
+        run.pieces.training.say = console.print
         console.start(
-            name=self.name, run_dir=self.run_dir, seed=self.seed, clients=self.datamodule.num_clients,
-            per_round=settings.clients_per_round, first=self.round, rounds=settings.rounds,
-            strategy=type(self.strategy).__name__,
+            name=run.name, run_dir=run.run_dir, seed=run.seed, clients=run.datamodule.num_clients,
+            per_round=settings.loop.clients_per_round, first=run.round, rounds=run.rounds,
+            strategy=type(run.strategy).__name__,
         )  # fmt: skip
         return console
 
     def _end(self, metrics: dict[str, float], rounds_run: int) -> dict[str, float]:
         """Ends the run, however it stops: the loggers finish, then the console prints its summary."""
-        self.loggers.finish()
-        self.console.end(metrics, self.progress.run_dir, rounds_run)
+        self.run.pieces.loggers.finish()
+        self.console.end(metrics, self.run.run_dir, rounds_run)
         return metrics
 
     def _callback_failure(self, failure: Failure, metrics: dict[str, float], rounds_run: int) -> Exception:
         """Ends the run whose callback raised after its rounds were saved; returns the error to raise."""
         self._end(metrics, rounds_run)
-        return callback_error(failure, self.run_dir)
+        return callback_error(failure, self.run.run_dir)
 
     # -- evaluation only, processes and set-up ---------------------------------------------------------
     def _evaluate_only(self, model, datamodule, strategy, ckpt_path, config, clients: bool) -> dict[str, float]:
         """The global model of ``ckpt_path`` (or as built) scored on every client's held-out split or on the global
         test set, and, on the splits of a personalised rule's run, each client's own model; said by rank 0."""
         self._setup(model, datamodule, strategy, ckpt_path, config, logging=False, evaluating=True)
-        progress, rank = self.progress, self.fabric.global_rank
-        self.model.setup_clusters(self.strategy)
+        run = self.run
+        progress, rank = run.progress, run.fabric.global_rank
+        run.model.setup_clusters(run.strategy)
         if rank == 0:
             what = "the clients' held-out splits" if clients else "the global test set"
             if ckpt_path is None:
@@ -464,13 +487,13 @@ class FederatedTrainer(RunView):
                 of = "" if progress.planned_rounds is None else f" of {progress.planned_rounds}"
                 scored = f"{ckpt_path}, the global model of round {progress.round}{of}"
             print(f"fedlight: scoring {scored} on {what}")
-        metrics = scalar_metrics(self.evaluator.evaluate(clients=clients, test=not clients))
-        if clients and self.strategy.personalised and progress.run_dir is not None:  # and each client's own model
-            self.model.setup_client_states(
-                self.strategy, self.context, progress.run_dir / "client_state",
-                self.settings.memory.client_state_budget_bytes,
+        metrics = scalar_metrics(run.pieces.evaluator.evaluate(clients=clients, test=not clients))
+        if clients and run.strategy.personalised and progress.run_dir is not None:  # and each client's own model
+            run.model.setup_client_states(
+                run.strategy, self.context, progress.run_dir / "client_state",
+                run.settings.memory.client_state_budget_bytes,
             )  # fmt: skip
-            metrics.update(scalar_metrics(self.pieces.personal.evaluate()))
+            metrics.update(scalar_metrics(run.pieces.personal.evaluate()))
         if rank == 0:
             print(format_scores(metrics))
         return metrics
@@ -480,42 +503,47 @@ class FederatedTrainer(RunView):
         process takes over rank 0's outcome, as if the rounds had run here."""
 
         def outcome(result: dict[str, float]) -> dict[str, Any]:
-            progress = self.progress
+            progress = self.run.progress
             return {"result": result, "state": self._run_state(), "run_dir": progress.run_dir,
                     "interrupted": progress.interrupted}  # fmt: skip
 
         result, handed = self.run_setup.ranks.run(lambda: work(model, datamodule, strategy, *args, **kwargs), outcome)
         if handed is not None:
-            self.inputs, self.progress = adopted(handed, model, datamodule, strategy, self.callbacks)
+            inputs, progress = adopted(handed, model, datamodule, strategy, self.run.callbacks)
+            self.run.bind(inputs, None, progress)
         return result
 
     def _setup(self, *args: Any, logging: bool = True, evaluating: bool = False) -> None:
         """Sets up the run of ``(model, datamodule, strategy, ckpt_path, config)`` (:class:`RunSetup`)."""
-        self.inputs, self.pieces, self.progress = self.run_setup(
-            *args, console=self.console, run_dir=lambda: self.progress.run_dir, logging=logging, evaluating=evaluating
+        run = self.run
+        inputs, pieces, progress = self.run_setup(
+            *args, console=self.console, run_dir=lambda: run.progress.run_dir, logging=logging, evaluating=evaluating
         )
+        run.bind(inputs, pieces, progress)
 
     # -- checkpoints and logs ----------------------------------------------------------------------------
     def save_checkpoint(self, path: str | Path) -> None:
         """Writes the whole run state atomically (rank 0 only)."""
-        if self.fabric.global_rank == 0:
+        run = self.run
+        if run.fabric.global_rank == 0:
             ckpt_io.save_atomic(self._run_state(), path)
-            if self.model.client_states is not None:  # the files no checkpoint names any more
-                self.model.client_states.saved()
-        self.fabric.barrier()
+            if run.model.client_states is not None:  # the files no checkpoint names any more
+                run.model.client_states.saved()
+        run.fabric.barrier()
 
     def _run_state(self) -> dict[str, Any]:
-        tracker_runs = self.loggers.tracker_runs()
-        inputs = self._inputs()
+        run = self.run
+        inputs = run.inputs
         return run_state(
-            self.progress, model=inputs.model, strategy=inputs.strategy,
+            run.progress, model=inputs.model, strategy=inputs.strategy,
             num_samples=inputs.datamodule.num_samples.tolist(), data_fingerprint=inputs.data_fingerprint,
-            described=inputs.described, seed=self.seed, callbacks=self.callbacks, tracker_runs=tracker_runs,
+            described=inputs.described, seed=run.seed, callbacks=run.callbacks,
+            tracker_runs=run.pieces.loggers.tracker_runs(),
         )  # fmt: skip
 
     def _log(self, metrics: dict[str, Any]) -> dict[str, float]:
         """Logs one round; returns its scalar metrics, which the history, CSV and checkpoints keep."""
         scalars = scalar_metrics(metrics)
-        self.history.append(scalars)
-        self.loggers.log(scalars, metrics)
+        self.run.history.append(scalars)
+        self.run.pieces.loggers.log(scalars, metrics)
         return scalars

@@ -46,8 +46,8 @@ def test_amm_is_the_mean_distance_between_pooled_class_means(tmp_path, strategy)
     trainer.fit(make_model(), make_data(), strategy())
     for round_idx, row in enumerate(trainer.history):
         model = make_model()
-        trainer.layout.load(model, states.states[round_idx])
-        amm, as_written = direct_amm(model, trainer.datamodule)
+        trainer.model.layout.load(model, states.states[round_idx])
+        amm, as_written = direct_amm(model, trainer.run.datamodule)
         assert row["analysis/amm"] == pytest.approx(amm, rel=1e-5)
         assert row["analysis/amm_as_written"] == pytest.approx(as_written)
 

@@ -36,8 +36,10 @@ def test_a_federated_round_trains_from_the_cache_and_sums_only_head_centroids_an
     assert model.feature_cache is cache.cache
     assert (trainer.run_dir / "features").is_dir()
     federated = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("backbone"))
-    assert trainer.layout.numel == federated
-    assert trainer.aggregation_nbytes == federated * (4 + 8) + 8  # W^t in fp32, its fp64 sum, one fp64 weight total
+    assert trainer.model.layout.numel == federated
+    assert (
+        trainer.run.pieces.fits.aggregation_nbytes == federated * (4 + 8) + 8
+    )  # W^t in fp32, its fp64 sum, one fp64 weight total
     assert all(torch.equal(v, model.backbone.state_dict()[k]) for k, v in backbone_before.items())
 
 

@@ -49,14 +49,16 @@ def test_mmd_is_the_mean_over_sampled_clients_of_mmd_between_the_models_features
     trainer.fit(make_model(), make_data(), FedAvg())
 
     reference_model = make_model()
-    trainer.layout.load(reference_model, *trainer.layout.from_state_dict(torch.load(reference)["global_state"]))
-    data = trainer.datamodule
+    trainer.model.layout.load(
+        reference_model, *trainer.model.layout.from_state_dict(torch.load(reference)["global_state"])
+    )
+    data = trainer.run.datamodule
     dropped = 0
     for round_idx, row in enumerate(trainer.history):
         clients, state, metrics = record.rounds[round_idx]
         dropped += int(row["round/clients_dropped"])
         model = make_model()
-        trainer.layout.load(model, state)
+        trainer.model.layout.load(model, state)
         values = []
         for client in clients:
             p, q = features(model, data, client, 8), features(reference_model, data, client, 8)
@@ -77,9 +79,10 @@ def test_reference_equal_to_the_global_model_gives_the_estimate_of_identical_sam
     assert "analysis/mmd" not in trainer.history[0]  # due after round 1 only
     clients, state, _ = record.rounds[1]
     model = make_model()
-    trainer.layout.load(model, state)
+    trainer.model.layout.load(model, state)
     expected = [
-        maximum_mean_discrepancy(p, p).item() for p in (features(model, trainer.datamodule, c, 1000) for c in clients)
+        maximum_mean_discrepancy(p, p).item()
+        for p in (features(model, trainer.run.datamodule, c, 1000) for c in clients)
     ]
     assert trainer.history[1]["analysis/mmd"] == pytest.approx(sum(expected) / len(expected), rel=1e-5)
     assert -0.1 < trainer.history[1]["analysis/mmd"] <= 0  # unbiased: slightly below 0 for P = Q

@@ -68,8 +68,8 @@ def test_dissimilarity_at_the_round_start_model_over_all_clients(tmp_path, strat
     trainer.fit(make_model(), make_data(), strategy())
     for round_idx, row in enumerate(trainer.history):
         model = make_model()
-        trainer.layout.load(model, states.states[round_idx])
-        expected = direct_dissimilarity(model, trainer.datamodule)
+        trainer.model.layout.load(model, states.states[round_idx])
+        expected = direct_dissimilarity(model, trainer.run.datamodule)
         assert expected > 0
         assert row["analysis/gradient_dissimilarity"] == pytest.approx(expected, rel=1e-4)
 

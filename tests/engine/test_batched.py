@@ -67,7 +67,7 @@ ADAM = pytest.param(lambda p: torch.optim.Adam(p, lr=1e-3), id="adam")
 def test_batched_mlp_rounds_equal_the_sequential_ones(optimizer, batching):
     sequential, plans = run(images(), MLP, optimizer, None)
     batched, batched_plans = run(images(), MLP, optimizer, batching)
-    assert not isinstance(batched.fits.vectorised, str)  # it did run vectorised
+    assert not isinstance(batched.run.pieces.fits.vectorised, str)  # it did run vectorised
     assert batched_plans.rounds == plans.rounds  # the same clients, straggler epochs and step counts
     assert len({steps for rounds in plans.rounds for _, _, steps in rounds}) > 1  # clients stop at different steps
     torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)
@@ -93,7 +93,7 @@ def test_compiled_batched_rounds_equal_the_sequential_ones():
     optimizer = lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)  # noqa: E731
     sequential, plans = run(images(), MLP, optimizer, None, rounds=2)
     batched, batched_plans = run(images(), MLP, optimizer, 8, rounds=2, compile_batched=True)
-    assert batched.fits.vectorised._compiled is not None
+    assert batched.run.pieces.fits.vectorised._compiled is not None
     assert batched_plans.rounds == plans.rounds
     torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)
 
@@ -132,7 +132,7 @@ def test_rounds_that_cannot_be_vectorised_run_sequentially_and_say_why_once_on_t
     trainer.fit(model, images(), FedProx(mu=0.1))
     lines = [line for line in capsys.readouterr().out.splitlines() if "clients train one after another" in line]
     assert len(lines) == 1 and "FedProx overrides on_client_fit_start" in lines[0]
-    assert trainer.fits.vectorised.startswith("FedProx")
+    assert trainer.run.pieces.fits.vectorised.startswith("FedProx")
 
 
 def test_blockers_name_the_module_or_optimizer():
@@ -167,7 +167,7 @@ def auto_choice(capsys, model_kwargs, data, clients_per_round):
     trainer.fit(ClassificationClient(**model_kwargs), data, FedAvg())
     lines = [line for line in capsys.readouterr().out.splitlines() if "client_batching" in line]
     assert len(lines) == 1, lines
-    return lines[0], not isinstance(trainer.fits.vectorised, str)
+    return lines[0], not isinstance(trainer.run.pieces.fits.vectorised, str)
 
 
 def test_auto_keeps_convolutions_sequential_on_a_cpu_and_says_so(capsys):
@@ -212,7 +212,7 @@ def test_one_failing_client_leaves_only_itself_out_of_its_vectorised_group(tmp_p
             trainer.fit(ClassificationClient(optimizer=sgd, **MLP), images(), strategy)
         results[batching] = trainer, strategy
     (sequential, plans), (batched, batched_plans) = results[None], results[4]
-    assert not isinstance(batched.fits.vectorised, str)  # a client's failure does not stop vectorising
+    assert not isinstance(batched.run.pieces.fits.vectorised, str)  # a client's failure does not stop vectorising
     assert [row["round/clients_failed"] for row in batched.history] == [1.0, 1.0]
     assert batched_plans.rounds == plans.rounds and [len(r) for r in plans.rounds] == [7, 7]
     torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)

@@ -55,7 +55,9 @@ def run(model, strategy, precision, compile_steps, optimizer=sgd):
 def test_compiled_steps_train_as_the_eager_steps(model, strategy):
     eager = run(model, strategy(), "64-true", False)
     compiled = run(model, strategy(), "64-true", True)
-    assert compiled.training._whole.steps_run > 0 and eager.training._whole is None  # forward, backward and update
+    assert (
+        compiled.run.pieces.training._whole.steps_run > 0 and eager.run.pieces.training._whole is None
+    )  # forward, backward and update
     torch.testing.assert_close(compiled.global_state, eager.global_state, rtol=0, atol=FP64_ATOL)
     for a, b in zip(eager.history, compiled.history, strict=True):
         assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-9)
@@ -97,7 +99,7 @@ def with_schedule(params):
 def test_a_fit_the_whole_step_cannot_take_compiles_its_forward_pass_and_says_why(capsys):
     eager = run("mlp", FedAvg(), "64-true", False, optimizer=with_schedule)
     compiled = run("mlp", FedAvg(), "64-true", True, optimizer=with_schedule)
-    assert compiled.training._whole is None and compiled.training._compiled is not None
+    assert compiled.run.pieces.training._whole is None and compiled.run.pieces.training._compiled is not None
     out = capsys.readouterr().out
     assert out.count("the backward pass and the optimizer stay eager, because") == 1
     assert "learning-rate scheduler" in out
@@ -148,7 +150,7 @@ def test_a_loss_the_compiler_cannot_trace_trains_with_the_forward_pass_compiled_
     eager = run("mlp", AddressedLoss(), "64-true", False)
     compiled = run("mlp", AddressedLoss(), "64-true", True)
     assert "compiling it failed" in capsys.readouterr().out
-    assert compiled.training._whole.steps_run == 0
+    assert compiled.run.pieces.training._whole.steps_run == 0
     # equal to the eager run: no batch was lost to the failed attempt, none was trained twice
     torch.testing.assert_close(compiled.global_state, eager.global_state, rtol=0, atol=FP64_ATOL)
 
@@ -156,7 +158,7 @@ def test_a_loss_the_compiler_cannot_trace_trains_with_the_forward_pass_compiled_
 def test_a_rule_that_keeps_parameter_objects_keeps_the_eager_backward_pass(capsys):
     eager = run("mlp", HeldParameters(), "64-true", False)
     compiled = run("mlp", HeldParameters(), "64-true", True)
-    assert compiled.training._whole is None
+    assert compiled.run.pieces.training._whole is None
     assert "HeldParameters's training_loss may use parameters it kept" in capsys.readouterr().out
     torch.testing.assert_close(compiled.global_state, eager.global_state, rtol=0, atol=FP64_ATOL)
 

@@ -32,10 +32,10 @@ class RecordingLogger:
 
 
 def _accuracy_by_hand(trainer, client: int) -> float:
-    model = trainer.global_module()
+    model = trainer.model.evaluation_module()
     correct = total = 0
     with torch.no_grad():
-        for x, y in trainer.datamodule.client_batches(client, split="held_out"):
+        for x, y in trainer.run.datamodule.client_batches(client, split="held_out"):
             correct += int((model(x).argmax(dim=1) == y).sum())
             total += len(y)
     return correct / total
@@ -107,7 +107,7 @@ def test_the_test_set_is_scored_city_by_city_from_one_confusion_matrix_per_city(
     metrics = trainer.fit(model, data, FedAvg())
 
     with torch.no_grad():
-        preds = trainer.global_module()(data.test.inputs).argmax(dim=1).numpy()
+        preds = trainer.model.evaluation_module()(data.test.inputs).argmax(dim=1).numpy()
     target, city = data.test.targets.numpy(), data.test.groups
     expected = {name: _miou_by_hand(preds[city == name], target[city == name], 3) for name in CITIES}
     assert {name: metrics[f"test/{name}/miou"] for name in CITIES} == pytest.approx(expected, abs=1e-6)

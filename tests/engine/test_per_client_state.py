@@ -78,7 +78,7 @@ def states(trainer):
 
 def test_each_fit_starts_from_the_clients_own_slots_and_leaves_them_for_its_next(tmp_path):
     trainer = fit(tmp_path, Tally())
-    rule = trainer.strategy
+    rule = trainer.run.strategy
     trained = {}  # client → rounds it trained in, in order
     for round_idx, client in sorted(rule.starts):
         trained.setdefault(client, []).append(round_idx)
@@ -105,15 +105,15 @@ def test_personal_evaluation_scores_each_client_with_its_own_model(tmp_path):
     for name in ("acc", "loss", "acc_mean", "acc_min", "acc_p10", "acc_std"):
         assert f"clients/personal/{name}" in metrics and f"clients/{name}" in metrics
     # independently: W^T with each client's head, on its own held-out samples
-    store, module, data_module = trainer.model.client_states, trainer.module, trainer.datamodule
+    store, module, data_module = trainer.model.client_states, trainer.model.module, trainer.run.datamodule
     correct = count = 0
     per_client = []
     for client in range(data_module.num_clients):
         state = trainer.global_state.clone()
         own = store.get(client)
         if own is not None:
-            state[trainer.strategy._head] = own["head"]
-        trainer.layout.load(module, state)
+            state[trainer.run.strategy._head] = own["head"]
+        trainer.model.layout.load(module, state)
         module.eval()
         hits = [(module(x).argmax(1) == y) for x, y in data_module.client_batches(client, "held_out")]
         hits = torch.cat(hits)

@@ -50,13 +50,15 @@ def test_the_samples_statistics_are_those_of_its_clients_computed_by_hand(tmp_pa
     trainer = make_trainer(tmp_path, rounds=3, eval_clients=0.3)  # ⌈0.3 · 11⌉ = 4 of the 11 clients with data
     data = make_data()
     trainer.fit(make_model(), data, FedAvg())
-    sample = trainer.evaluator.sample(1, trainer.rounds)  # after the second round; W^3 is the model at hand
+    sample = trainer.run.pieces.evaluator.sample(
+        1, trainer.run.rounds
+    )  # after the second round; W^3 is the model at hand
     scorable = [k for k in range(len(SIZES)) if k != 4]
     assert sample is not None and len(sample) == 4 and set(sample.tolist()) <= set(scorable)
     assert sample.tolist() == sorted(sample.tolist())
 
     # the final model scored on those clients' held-out samples, one client at a time, by hand
-    model = trainer.global_module()
+    model = trainer.model.evaluation_module()
     correct, losses, accuracies = 0, [], []
     with torch.no_grad():
         for client in sample.tolist():
@@ -66,7 +68,7 @@ def test_the_samples_statistics_are_those_of_its_clients_computed_by_hand(tmp_pa
             losses.append(F.cross_entropy(logits, y, reduction="none"))
             accuracies.append(float((logits.argmax(1) == y).double().mean()))
     losses = torch.cat(losses)
-    metrics = trainer.evaluator.evaluate(clients=True, test=False, sample=sample)
+    metrics = trainer.run.pieces.evaluator.evaluate(clients=True, test=False, sample=sample)
     assert metrics["clients/evaluated"] == 4
     assert np.isclose(metrics["clients/acc"], correct / len(losses))
     assert np.isclose(metrics["clients/loss"], float(losses.mean()), rtol=1e-6)
@@ -88,11 +90,13 @@ def test_a_sample_is_drawn_from_the_seed_and_the_round_and_the_last_round_scores
     scorable = np.array([k for k in range(len(SIZES)) if k != 4])
     samples = {}
     for trainer in (first, other):
-        samples[trainer.seed] = [trainer.evaluator.sample(r, trainer.rounds).tolist() for r in range(3)]
-        for round_idx, sample in enumerate(samples[trainer.seed]):  # the round's stream, uniform, no replacement
-            drawn = RandomStreams(trainer.seed).evaluation_rng(round_idx).choice(scorable, size=3, replace=False)
+        samples[trainer.run.seed] = [
+            trainer.run.pieces.evaluator.sample(r, trainer.run.rounds).tolist() for r in range(3)
+        ]
+        for round_idx, sample in enumerate(samples[trainer.run.seed]):  # the round's stream, uniform, no replacement
+            drawn = RandomStreams(trainer.run.seed).evaluation_rng(round_idx).choice(scorable, size=3, replace=False)
             assert sample == sorted(drawn.tolist())
-        assert trainer.evaluator.sample(3, trainer.rounds) is None  # the last round scores every client
+        assert trainer.run.pieces.evaluator.sample(3, trainer.run.rounds) is None  # the last round scores every client
     assert samples[5] != samples[6]
 
 

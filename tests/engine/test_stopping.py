@@ -72,7 +72,7 @@ def test_a_signal_drops_the_round_and_checkpoints_its_start_which_resumes_exactl
         True,
     )
     assert ckpt_io.load(checkpoint)["round"] == 1  # although checkpoint_every is 10
-    assert stopped.round == 1 and len(stopped.history) == 1
+    assert stopped.run.round == 1 and len(stopped.history) == 1
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # put back
 
     resumed = make_trainer(tmp_path / "stopped")
@@ -164,7 +164,7 @@ def test_forked_ranks_stop_together_and_the_stop_reaches_the_launching_process(t
     with pytest.raises(RunInterrupted) as err:
         trainer.fit(make_model(), make_data(), FedAvg())
     assert (err.value.signal_name, err.value.round, err.value.exit_code) == ("SIGTERM", 1, 143)
-    assert trainer.round == 1 and ckpt_io.load(trainer.run_dir / "checkpoints" / "last.ckpt")["round"] == 1
+    assert trainer.run.round == 1 and ckpt_io.load(trainer.run_dir / "checkpoints" / "last.ckpt")["round"] == 1
 
 
 SLOW_STRATEGY = '''

@@ -103,7 +103,7 @@ def test_mlflow_file_store_gets_every_round_as_its_step_and_a_resume_continues_i
     runs = client.search_runs([experiment.experiment_id])
     assert len(runs) == 1  # the resume continued the run instead of starting a second one
     run = runs[0]
-    assert run.info.run_name == first.name  # named after the fedlight run
+    assert run.info.run_name == first.run.name  # named after the fedlight run
     assert run.data.params["trainer.rounds"] == "1"  # logged when the run was created
     history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train/loss")}
     expected = _csv_losses(first.run_dir)
@@ -144,8 +144,8 @@ def test_the_command_line_takes_names_and_class_paths_in_one_list(tmp_path):
     parser = build_parser()
     cfg = parser.parse_args(["fit", "--config", str(REPO / "conf/digits/fedavg.yaml"), "--config", str(config)])
     trainer = parser.instantiate(cfg).fit.trainer
-    names = [logger for logger in trainer.logging.loggers if isinstance(logger, str)]
-    built = [logger for logger in trainer.logging.loggers if not isinstance(logger, str)]
+    names = [logger for logger in trainer.run.settings.logging.loggers if isinstance(logger, str)]
+    built = [logger for logger in trainer.run.settings.logging.loggers if not isinstance(logger, str)]
     assert names == ["csv"]
     assert len(built) == 1 and isinstance(built[0], TensorBoardLogger) and built[0].save_dir == str(tmp_path)
 

@@ -96,7 +96,7 @@ def test_a_killed_batched_run_resumes_to_the_uninterrupted_one(tmp_path):
     resumed.fit(
         make_model(seed=123), synthetic_data(), FedAvg(), ckpt_path=killed.run_dir / "checkpoints" / "last.ckpt"
     )
-    assert not isinstance(resumed.fits.vectorised, str)  # it did run vectorised
+    assert not isinstance(resumed.run.pieces.fits.vectorised, str)  # it did run vectorised
     assert read_metrics(resumed.run_dir) == read_metrics(reference.run_dir)
     torch.testing.assert_close(resumed.global_state, reference.global_state, rtol=0, atol=0)
 
@@ -253,7 +253,7 @@ def test_wandb_logs_offline_and_a_resumed_run_keeps_its_id(tmp_path, monkeypatch
     monkeypatch.setenv("WANDB_MODE", "offline")
     first = make_trainer(tmp_path, rounds=1, logger=["csv", "wandb"])
     first.fit(make_model(), synthetic_data(), FedAvg())
-    run_id = first.wandb_id
+    run_id = first.run.progress.wandb_id
 
     # each offline run folder holds run-<id>.wandb; W&B suffixes the folder's name ("-1") when two runs
     # start within the same second, so the id is read from the file, not from the folder's name
@@ -267,7 +267,7 @@ def test_wandb_logs_offline_and_a_resumed_run_keeps_its_id(tmp_path, monkeypatch
 
     resumed = make_trainer(tmp_path, rounds=2, logger=["csv", "wandb"])
     resumed.fit(make_model(), synthetic_data(), FedAvg(), ckpt_path=first.run_dir / "checkpoints" / "last.ckpt")
-    assert resumed.wandb_id == run_id
+    assert resumed.run.progress.wandb_id == run_id
     assert run_ids() == [[f"run-{run_id}.wandb"]] * 2
 
 
@@ -441,7 +441,9 @@ def test_forked_processes_hand_rank_zeros_results_back(tmp_path):
 
     # the rounds ran in two forked processes; this one holds rank 0's outcome as if they had run here
     assert torch.equal(forked.global_state, one.global_state)  # fp64 aggregation: independent of the spread
-    assert forked.round == 3 and [row["test/acc"] for row in forked.history] == [row["test/acc"] for row in one.history]
+    assert forked.run.round == 3 and [row["test/acc"] for row in forked.history] == [
+        row["test/acc"] for row in one.history
+    ]
     assert metrics["test/acc"] == one.history[-1]["test/acc"]
     assert counter.rounds_seen == 3
     assert torch.equal(FlatState(model).flatten(model), one.global_state)  # the caller's module holds W^T
@@ -635,7 +637,7 @@ def test_precision_applies_inside_the_vectorised_client_step_as_in_the_sequentia
     model = DtypeRecorder(num_classes=10, input_shape=(12,), model="mlp", model_kwargs={"hidden": [16]})
     trainer = make_trainer(tmp_path, rounds=1, precision=precision, straggler_fraction=0.0, client_batching=16)
     trainer.fit(model, synthetic_data(), FedAvg())
-    assert not isinstance(trainer.fits.vectorised, str)  # the round did run vectorised
+    assert not isinstance(trainer.run.pieces.fits.vectorised, str)  # the round did run vectorised
     assert model.seen == (compute, torch.float32)  # autocast compute, fp32 stacked weights
     assert trainer.global_state.dtype == torch.float32
 

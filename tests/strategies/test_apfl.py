@@ -80,7 +80,7 @@ def test_rounds_of_partial_participation_follow_algorithm_1(tmp_path, alpha, ada
         projected = [a for a in alphas if a == pytest.approx(0.0, abs=1e-6) or a == pytest.approx(1.0)]
         assert alpha_lr is None or projected  # and was projected onto [0, 1]
     # each client is scored with α_k v_k + (1 − α_k) W^T; one that never came with W^T
-    sizes = trainer.datamodule.num_samples.tolist()
+    sizes = trainer.run.datamodule.num_samples.tolist()
     held_out = [n_all - n for n_all, n in zip(SIZES, sizes, strict=True)]
     own = [w if v is None else a * v + (1 - a) * w for v, a in zip(personal, mixing, strict=True)]
     loss = sum(m * 0.5 * (u - y) ** 2 for m, u, y in zip(held_out, own, VALUES, strict=True)) / sum(held_out)

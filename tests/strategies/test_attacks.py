@@ -41,7 +41,7 @@ def fedavg_of(states):
 
 def test_sign_flip_reverses_and_scales_the_attackers_updates():
     trainer, metrics = fit(Attack(kind="sign_flip", fraction=0.4, scale=3.0))
-    attackers = trainer.strategy.malicious
+    attackers = trainer.run.strategy.malicious
     assert len(attackers) == 2 and metrics["attack/clients"] == 2
     # W⁰ = 0: an attacker sends W⁰ − 3(y_k − W⁰) = −3 y_k
     expected = [-3.0 * y if k in attackers else y for k, y in enumerate(VALUES)]
@@ -54,7 +54,7 @@ def test_gaussian_replaces_the_update_by_noise_from_the_clients_stream():
         trainer, _ = fit(Attack(kind="gaussian", fraction=0.9, scale=scale), sizes=[4], values=[2.0])
         results[scale] = trainer.global_state.item()
     # the lone client attacks: W¹ = s·ξ, ξ drawn from a child of its (seed, round, client) stream
-    sequence = np.random.SeedSequence(trainer.client_seed(0, 0), spawn_key=(1,))
+    sequence = np.random.SeedSequence(trainer.run.streams.client_seed(0, 0), spawn_key=(1,))
     xi = torch.randn((), generator=torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0] >> 1)))
     assert results[1.0] == pytest.approx(xi.item())
     assert results[3.0] == pytest.approx(3.0 * xi.item())
@@ -68,7 +68,7 @@ def _alie_and_ipm_expectation(attackers, malicious_of):
 
 def test_alie_sends_the_honest_mean_minus_z_standard_deviations():
     trainer, metrics = fit(Attack(kind="alie", fraction=0.4))
-    attackers = trainer.strategy.malicious
+    attackers = trainer.run.strategy.malicious
     # K = 5, m = 2: s = ⌊5/2 + 1⌋ − 2 = 1, z = Φ⁻¹(4/5)
     z = NormalDist().inv_cdf(0.8)
     expected = _alie_and_ipm_expectation(attackers, lambda h: h.mean() - z * h.std(ddof=1))
@@ -78,14 +78,14 @@ def test_alie_sends_the_honest_mean_minus_z_standard_deviations():
 
 def test_ipm_sends_minus_epsilon_times_the_honest_mean():
     trainer, _ = fit(Attack(kind="ipm", fraction=0.4, scale=2.0))
-    expected = _alie_and_ipm_expectation(trainer.strategy.malicious, lambda h: -2.0 * h.mean())
+    expected = _alie_and_ipm_expectation(trainer.run.strategy.malicious, lambda h: -2.0 * h.mean())
     assert trainer.global_state.item() == pytest.approx(expected)
 
 
 def test_alie_inside_a_robust_aggregator():
     # attack around the defense: the median sees the two ALIE rows
     trainer, _ = fit(Attack(RobustAggregation(aggregator="median"), kind="alie", fraction=0.4, scale=1.0))
-    attackers = trainer.strategy.malicious
+    attackers = trainer.run.strategy.malicious
     honest = np.array([y for k, y in enumerate(VALUES) if k not in attackers])
     rows = [honest.mean() - honest.std(ddof=1) if k in attackers else y for k, y in enumerate(VALUES)]
     assert trainer.global_state.item() == pytest.approx(float(np.median(rows)))
@@ -118,7 +118,7 @@ def test_label_flip_trains_on_flipped_labels():
     honest = run(ClientImages([12], [3]), FedAvg())
     torch.testing.assert_close(attacked.global_state, flipped.global_state, rtol=0, atol=0)
     assert not torch.equal(attacked.global_state, honest.global_state)
-    assert "training_step" not in vars(attacked.module)  # the class's method is back after the fit
+    assert "training_step" not in vars(attacked.model.module)  # the class's method is back after the fit
 
 
 def test_redrawn_attackers_change_every_round_and_have_the_requested_count():
@@ -130,7 +130,7 @@ def test_redrawn_attackers_change_every_round_and_have_the_requested_count():
 def test_fixed_attackers_come_from_the_seed():
     first, _ = fit(Attack(kind="sign_flip", fraction=0.4))
     second, _ = fit(Attack(kind="sign_flip", fraction=0.4))
-    assert first.strategy.malicious == second.strategy.malicious
+    assert first.run.strategy.malicious == second.run.strategy.malicious
 
 
 def test_bad_settings_are_reported_together():

@@ -125,7 +125,7 @@ def test_two_groups_of_opposite_targets_split_by_hand(tmp_path):
     trainer = fit(tmp_path, [4, 8, 4, 8], [2.0, 2.0, -2.0, -2.0], strategy, rounds=3, client=ScalarClient(lr=0.5))
     assert strategy.assignment == [0, 0, 1, 1]
     assert strategy.splits == [[1, 0, 1]]
-    assert trainer.bank.clusters[:2].flatten().tolist() == pytest.approx([1.5, -1.5])
+    assert trainer.model.bank.clusters[:2].flatten().tolist() == pytest.approx([1.5, -1.5])
     assert trainer.global_state.item() == pytest.approx(0.0, abs=1e-7)
     metrics = trainer.history[-1]
     # every held-out sample scored by its cluster's model: ½(1.5 − 2)²; by the global model: ½(0 − 2)²
@@ -150,7 +150,7 @@ def test_rounds_of_partial_participation_follow_algorithm_2(tmp_path, weighting)
     assert strategy.splits == splits
     assert strategy.assignment == assignment
     for cluster in set(assignment):
-        member = trainer.bank.member(cluster).tolist()
+        member = trainer.model.bank.member(cluster).tolist()
         assert member == pytest.approx(models[cluster].tolist(), abs=1e-5), f"cluster {cluster}"
 
 
@@ -163,7 +163,7 @@ def test_a_split_past_the_banks_members_is_refused(tmp_path):
     assert (strategy.assignment, strategy.splits, strategy.refused) == (assignment, splits, refused)
     assert trainer.history[-1]["cfl/splits_refused"] == refused
     for cluster in (0, 1):
-        assert trainer.bank.member(cluster).tolist() == pytest.approx(models[cluster].tolist(), abs=1e-5)
+        assert trainer.model.bank.member(cluster).tolist() == pytest.approx(models[cluster].tolist(), abs=1e-5)
 
 
 @pytest.mark.parametrize(("gamma_max", "splits"), [(0.83, [[1, 0, 1]]), (0.85, [])])
@@ -209,7 +209,7 @@ def test_a_resumed_run_ends_where_the_uninterrupted_one_does(tmp_path):
     resumed, resumed_rule = run(tmp_path / "resumed", 6, first.run_dir / "checkpoints" / "last.ckpt")
     assert straight_rule.splits == [[2, 0, 1], [5, 1, 2]]
     assert resumed_rule.state_dict() == straight_rule.state_dict()
-    assert torch.equal(resumed.bank.clusters, straight.bank.clusters)
+    assert torch.equal(resumed.model.bank.clusters, straight.model.bank.clusters)
     assert torch.equal(resumed.global_state, straight.global_state)
 
 

@@ -43,7 +43,7 @@ def reference(sizes, personal_epochs):
 @pytest.mark.parametrize("personal_epochs", [None, 4])
 def test_three_rounds_match_algorithm_1(tmp_path, personal_epochs):
     trainer = fit(tmp_path, Ditto(lam=LAM, personal_epochs=personal_epochs))
-    sizes = trainer.datamodule.num_samples.tolist()
+    sizes = trainer.run.datamodule.num_samples.tolist()
     w, personal = reference(sizes, personal_epochs or EPOCHS)
     assert trainer.global_state.item() == pytest.approx(w, abs=1e-6)
     fedavg = fit(tmp_path, FedAvg())  # the global model is FedAvg's, whatever the personal models do

@@ -75,7 +75,7 @@ def test_insecure_seeded_noise_is_the_rounds_draw_from_the_run_seed(tmp_path):
     with pytest.warns(UserWarning, match="protects nothing"):
         trainer = fit(tmp_path, DPFedAvg(clip_norm=1.0, noise_multiplier=2.0, insecure_seeded_noise=True))
     # child 1 of strategy stream 0 seeds a torch generator; ξ is its first normal
-    seed = int(trainer.strategy_rng(0).spawn(2)[1].integers(2**62))
+    seed = int(trainer.run.streams.strategy_rng(0).spawn(2)[1].integers(2**62))
     xi = torch.randn(1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).item()
     assert trainer.global_state.item() == pytest.approx((1.0 - 1.0 + 0.5 + 2.0 * 1.0 * xi) / 3, rel=1e-6)
 
@@ -98,7 +98,7 @@ def test_the_noise_cannot_be_regenerated_from_the_configuration(insecure):
     clean = cnn_fit(0.0).global_state  # the same clients, the same seed, no noise
     noisy = cnn_fit(2.0, insecure_seeded_noise=insecure)
     # what anyone holding config.yaml can regenerate: round 0's draw of the seed's strategy stream
-    seed = int(noisy.strategy_rng(0).spawn(2)[1].integers(2**62))
+    seed = int(noisy.run.streams.strategy_rng(0).spawn(2)[1].integers(2**62))
     public = torch.randn(clean.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     recovered = noisy.global_state.double() - 2.0 * 0.05 * public / 3  # W^1 − z C ξ / K'
     error = float(torch.linalg.vector_norm(recovered - clean.double()))
@@ -128,7 +128,7 @@ def test_a_resumed_run_draws_the_noise_of_its_secret_bit_for_bit(tmp_path):
     assert ckpt_io.load(round_two)["round"] == 2
     resumed = fit(tmp_path, make(), rounds=3, ckpt_path=round_two, rewind=True, **kwargs)
     torch.testing.assert_close(resumed.global_state, straight.global_state, rtol=0, atol=0)
-    assert resumed.strategy.state_dict()["noise_secret"] == straight.strategy.state_dict()["noise_secret"]
+    assert resumed.run.strategy.state_dict()["noise_secret"] == straight.run.strategy.state_dict()["noise_secret"]
 
 
 def test_the_secret_is_in_the_checkpoint_only(tmp_path, monkeypatch, caplog):
@@ -153,7 +153,7 @@ def test_adaptive_clipping_moves_c_towards_the_quantile(tmp_path):
     trainer = fit(tmp_path, DPFedAvg(clip_norm=1.0, noise_multiplier=0.0, adaptive=True, target_quantile=0.5))
     # norms 10, 20, 0.5 against C = 1: b = (0, 0, 1), b̄ = 1/3, C ← exp(−0.2 (1/3 − 1/2))
     expected = math.exp(-0.2 * (1 / 3 - 0.5))
-    assert trainer.strategy.clip_norm == pytest.approx(expected)
+    assert trainer.run.strategy.clip_norm == pytest.approx(expected)
     assert trainer.history[-1]["dp/clip_norm"] == pytest.approx(expected)
 
 
@@ -183,7 +183,7 @@ def test_resumed_run_reports_the_same_epsilon(tmp_path):
     first = fit(tmp_path, make(), rounds=1, **kwargs)
     resumed = fit(tmp_path, make(), rounds=2, ckpt_path=first.run_dir / "checkpoints" / "last.ckpt", **kwargs)
     assert resumed.history[-1]["dp/epsilon"] == straight.history[-1]["dp/epsilon"] > 0
-    assert resumed.strategy.steps == 2 and resumed.strategy.clip_norm == straight.strategy.clip_norm
+    assert resumed.run.strategy.steps == 2 and resumed.run.strategy.clip_norm == straight.run.strategy.clip_norm
     torch.testing.assert_close(resumed.global_state, straight.global_state, rtol=0, atol=0)
 
 
@@ -198,6 +198,6 @@ def test_poisson_sampling_takes_each_client_with_probability_q(tmp_path):
     trainer = fit(tmp_path, strategy, [4] * 20, [1.0] * 20, rounds=3, clients_per_round=5)
     for round_idx, row in enumerate(trainer.history):
         # the round's stream draws one uniform per client; q = 5/20
-        expected = int((trainer.round_rng(round_idx).random(20) < 0.25).sum())
+        expected = int((trainer.run.streams.round_rng(round_idx).random(20) < 0.25).sum())
         assert row["round/clients_sampled"] == expected
-    assert trainer.strategy.sampling_rate() == 0.25
+    assert trainer.run.strategy.sampling_rate() == 0.25

@@ -168,7 +168,7 @@ def test_a_resumed_run_draws_the_noise_of_its_secret_and_keeps_every_clients_eps
     round_two = straight.run_dir / "checkpoints" / "previous.ckpt"
     resumed = fit(tmp_path, make(), rounds=3, ckpt_path=round_two, rewind=True, **kwargs)
     torch.testing.assert_close(resumed.global_state, straight.global_state, rtol=0, atol=0)
-    state, expected = resumed.strategy.state_dict(), straight.strategy.state_dict()
+    state, expected = resumed.run.strategy.state_dict(), straight.run.strategy.state_dict()
     assert state["noise_secret"] == expected["noise_secret"]
     assert torch.equal(state["counts"], expected["counts"]) and torch.equal(state["epsilons"], expected["epsilons"])
 
@@ -182,7 +182,7 @@ def test_seeded_noise_round_trips_through_a_checkpoint(tmp_path):
     first = fit(tmp_path, make(), rounds=1, **kwargs)
     resumed = fit(tmp_path, make(), rounds=2, ckpt_path=first.run_dir / "checkpoints" / "last.ckpt", **kwargs)
     torch.testing.assert_close(resumed.global_state, straight.global_state, rtol=0, atol=0)
-    assert torch.equal(resumed.strategy.epsilons, straight.strategy.epsilons)
+    assert torch.equal(resumed.run.strategy.epsilons, straight.run.strategy.epsilons)
 
 
 def test_rules_that_keep_the_plain_local_step_are_wrapped():

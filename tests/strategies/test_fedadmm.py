@@ -117,7 +117,7 @@ def test_a_resumed_run_equals_a_straight_one(tmp_path):
     ckpt = first.run_dir / "checkpoints" / "last.ckpt"
     resumed = fit(tmp_path, FedADMM(rho=0.5), rounds=4, ckpt_path=ckpt, init=0.25)
     assert resumed.global_state.item() == straight.global_state.item()
-    assert resumed.strategy.start.item() == 0.25
+    assert resumed.run.strategy.start.item() == 0.25
 
 
 def test_bad_settings_are_reported_together():

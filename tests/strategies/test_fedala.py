@@ -113,7 +113,7 @@ def test_rounds_of_partial_participation_follow_algorithm_1(tmp_path, threshold,
     assert all(len(clients) == 2 for clients in rounds) and max(joins) > 0
     assert max(sum(k in clients for clients in rounds) for k in range(3)) >= 3
 
-    data, layout, store = trainer.datamodule, trainer.model.layout, trainer.model.client_states
+    data, layout, store = trainer.run.datamodule, trainer.model.layout, trainer.model.client_states
     glob, local, weights = algorithm_1(rounds, data, make_client().net, threshold, window, max_epochs)
     tolerance = {"rtol": 1e-4, "atol": 1e-5}
     torch.testing.assert_close(as_net_state(layout, trainer.global_state), glob, **tolerance)

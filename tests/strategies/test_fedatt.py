@@ -77,7 +77,7 @@ def test_noise_is_reproducible_and_of_size_sigma(tmp_path, monkeypatch):
     noisy = trainer.global_state.item()
     assert noisy == fit(tmp_path, FedAtt(sigma=sigma))[0].global_state.item()
     # One parameter, one round: the noise is σ times the first normal draw of round 0's strategy stream.
-    z = trainer.strategy_rng(0).standard_normal(1, dtype=np.float32).item()
+    z = trainer.run.streams.strategy_rng(0).standard_normal(1, dtype=np.float32).item()
     assert noisy - clean == pytest.approx(sigma * z, rel=1e-4)
     assert 0 < abs(noisy - clean) < 5 * sigma
     monkeypatch.setenv("PL_GLOBAL_SEED", "1")

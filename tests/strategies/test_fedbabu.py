@@ -88,7 +88,7 @@ def algorithm_1(initial, rounds, data):
 def test_rounds_of_partial_participation_follow_algorithm_1(tmp_path, part, finetuned):
     rule = Recorded(finetune_epochs=TAU, finetune_part=part)
     trainer, initial = fit_images(tmp_path, rule)
-    data, layout = trainer.datamodule, trainer.model.layout
+    data, layout = trainer.run.datamodule, trainer.model.layout
     assert [len(clients) for clients in rule.rounds] == [2] * ROUNDS
     model = algorithm_1(initial, rule.rounds, data)
     expected = torch.cat([model[n].reshape(-1) for n in layout.names])

@@ -66,9 +66,9 @@ def test_three_rounds_match_a_federation_of_copies(tmp_path):
     module = client()
     initial = copy.deepcopy(module)
     trainer.fit(module, data(), FedBN())
-    expected, own = reference(initial, trainer.datamodule)
-    layout, store = trainer.layout, trainer.model.client_states
-    got = layout.to_state_dict(trainer.global_state, trainer.global_integers)
+    expected, own = reference(initial, trainer.run.datamodule)
+    layout, store = trainer.model.layout, trainer.model.client_states
+    got = layout.to_state_dict(trainer.global_state, trainer.model.integers)
     for name, value in got.items():
         torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6, msg=name)
     names = [n for n in layout.names if n in own[0]]

@@ -179,7 +179,7 @@ def test_one_round_through_the_engine_averages_by_batches_and_substitutes_maximi
     )  # fmt: skip
     strategy = Recording()
     trainer.fit(module, data, strategy)
-    mask = trainer.layout.mask(["centroids.clusters"])
+    mask = trainer.model.layout.mask(["centroids.clusters"])
     weights = [3.0, 3.0]  # 9 images in batches of 4
     average = sum(w * strategy.states[k] for k, w in enumerate(weights)) / sum(weights)
     torch.testing.assert_close(trainer.global_state[~mask], average[~mask])
@@ -195,7 +195,7 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does_and_keeps_each_clien
     ckpt = first.run_dir / "checkpoints" / "last.ckpt"
     resumed = fit_centroids(tmp_path / "b", FedCC(aggregated="encoder"), rounds=2, ckpt_path=ckpt)
     assert torch.equal(resumed.global_state, straight.global_state)
-    assert set(resumed.strategy.own_centroids) == {0, 1, 2}
+    assert set(resumed.run.strategy.own_centroids) == {0, 1, 2}
 
 
 def test_a_misaligned_start_permutes_each_clients_first_centroids_and_nothing_else():

@@ -79,7 +79,7 @@ def test_clients_train_from_the_iterate_not_the_average(tmp_path):
     # a resumed run reads the iterate from the checkpoint: without it the clients would start from the average
     straight, _ = fit(tmp_path, FedExP(), rounds=3)
     first, _ = fit(tmp_path, FedExP(), rounds=2)
-    assert first.strategy.iterate.item() != pytest.approx(first.global_state.item())
+    assert first.run.strategy.iterate.item() != pytest.approx(first.global_state.item())
     resumed, _ = fit(tmp_path, FedExP(), rounds=3, ckpt_path=first.run_dir / "checkpoints" / "last.ckpt")
     assert resumed.global_state.item() == straight.global_state.item()
 

@@ -95,7 +95,7 @@ def test_rounds_of_partial_participation_follow_algorithm_1(tmp_path, num_models
         assert own == pytest.approx(models.get(k, 0.0), abs=1e-5)
     assert trainer.global_state.item() == 0.0
     # each client is scored with its own model on its held-out split
-    sizes = trainer.datamodule.num_samples.tolist()
+    sizes = trainer.run.datamodule.num_samples.tolist()
     held_out = [n_all - n for n_all, n in zip(SIZES, sizes, strict=True)]
     own = [models.get(k, 0.0) for k in range(len(SIZES))]
     loss = sum(m * 0.5 * (w - y) ** 2 for m, w, y in zip(held_out, own, VALUES, strict=True)) / sum(held_out)
@@ -156,7 +156,7 @@ def test_a_resumed_run_equals_a_straight_one(tmp_path):
         default_root_dir=tmp_path,
     )  # fmt: skip
     resumed.fit(ScalarClient(lr=0.5), data, make(), ckpt_path=ckpt)
-    a, b = straight.strategy.state_dict(), resumed.strategy.state_dict()
+    a, b = straight.run.strategy.state_dict(), resumed.run.strategy.state_dict()
     torch.testing.assert_close(b["affinity"], a["affinity"], rtol=0, atol=0)
     assert sorted(b["models"]) == sorted(a["models"])
     for k in a["models"]:
@@ -208,7 +208,7 @@ def test_the_first_order_step_on_a_cnn_with_batch_norm(tmp_path):
     for client, held, received, start in strategy.fits:
         own = held.get(client, initial)
         assert received == [n for n in sorted(held) if n != client]  # two others at most: all are sent
-        x, y = next(trainer.datamodule.client_batches(client, "train"))
+        x, y = next(trainer.run.datamodule.client_batches(client, "train"))
 
         def loss(flat, x=x, y=y):
             layout.load(net, flat)

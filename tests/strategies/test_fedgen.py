@@ -88,7 +88,7 @@ def weights(trainer):
 
 def seeds(trainer, round_idx):
     """The clients' and the server's seeds of round ``round_idx``, from the run's strategy stream."""
-    clients, server, _ = RandomStreams(trainer.seed).strategy_rng(round_idx).integers(2**62, size=3)
+    clients, server, _ = RandomStreams(trainer.run.seed).strategy_rng(round_idx).integers(2**62, size=3)
     return int(clients), int(server)
 
 
@@ -278,7 +278,7 @@ def test_without_its_terms_it_is_fedavg(tmp_path):
 def test_a_resumed_run_equals_a_straight_one(tmp_path):
     straight, _ = fit(tmp_path / "straight", FedGen(**SETTINGS, beta=0.5, decay=0.9))
     first, _ = fit(tmp_path / "first", FedGen(**SETTINGS, beta=0.5, decay=0.9), rounds=1)
-    assert first.strategy.state_dict()["optimizer"]["state"]  # Adam has moments to carry over
+    assert first.run.strategy.state_dict()["optimizer"]["state"]  # Adam has moments to carry over
     ckpt = first.run_dir / "checkpoints" / "last.ckpt"
     data = FederatedDataModule(ClientImages(SIZES, SEEDS), batch_size=1000, test_fraction=0.0)
     resumed = FederatedTrainer(
@@ -287,7 +287,7 @@ def test_a_resumed_run_equals_a_straight_one(tmp_path):
     )  # fmt: skip
     resumed.fit(make_client(), data, FedGen(**SETTINGS, beta=0.5, decay=0.9), ckpt_path=ckpt)
     assert torch.equal(resumed.global_state, straight.global_state)
-    a, b = resumed.strategy.state_dict(), straight.strategy.state_dict()
+    a, b = resumed.run.strategy.state_dict(), straight.run.strategy.state_dict()
     for name, value in b["generator"].items():
         assert torch.equal(a["generator"][name], value), name
     assert torch.equal(a["prior"], b["prior"])

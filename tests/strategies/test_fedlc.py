@@ -98,7 +98,7 @@ def test_rounds_of_partial_participation_follow_eq_7(tmp_path, tau):
     trainer, start = fit(tmp_path, rule)
     assert len(rule.rounds) == ROUNDS and all(len(clients) == 2 for clients in rule.rounds)
     assert {0, 3} <= {k for clients in rule.rounds for k in clients}  # both clients that lack a class trained
-    expected = reference(trainer.datamodule, rule.rounds, start, tau)
+    expected = reference(trainer.run.datamodule, rule.rounds, start, tau)
     got = weights(trainer)
     for name, value in expected.items():
         torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=name)

@@ -141,7 +141,7 @@ def as_net_state(layout, flat):
 def test_rounds_of_partial_participation_follow_algorithm_1(tmp_path, distance, collaborate):
     rule = Recorded(lam=LAM, head_epochs=HEAD_EPOCHS, distance=distance, collaborate=collaborate)
     trainer = fit(tmp_path, rule)
-    rounds, data, layout = rule.rounds, trainer.datamodule, trainer.model.layout
+    rounds, data, layout = rule.rounds, trainer.run.datamodule, trainer.model.layout
     assert all(len(clients) == 2 for clients in rounds) and {k for c in rounds for k in c} == {0, 1, 2}
     w, heads, centroids, weights = algorithm_1(rounds, data, make_client().net, LAM, distance, collaborate)
     if collaborate:  # the heads were mixed, not only kept or swapped

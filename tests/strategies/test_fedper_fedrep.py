@@ -77,7 +77,7 @@ def reference(sizes, head_epochs=0):
 @pytest.mark.parametrize("rule", ["fedper", "fedrep"])
 def test_three_rounds_match_the_reference(tmp_path, rule):
     trainer = fit(tmp_path, FedPer(head="head") if rule == "fedper" else FedRep(head_epochs=3, head="head"))
-    sizes = trainer.datamodule.num_samples.tolist()
+    sizes = trainer.run.datamodule.num_samples.tolist()
     body, head, heads = reference(sizes, head_epochs=3 if rule == "fedrep" else 0)
     assert trainer.global_state.tolist() == pytest.approx([body, head], abs=1e-6)  # entries: body, head
     store = trainer.model.client_states

@@ -78,11 +78,11 @@ def run(tmp_path_factory):
 def prototypes_of(trainer, state, client):
     """p_k [C, D] and n_k [C] of a client's training set under a flat state, computed from scratch."""
     model = make_model()
-    trainer.layout.load(model, state)
-    index = trainer.datamodule.client_train[client]
+    trainer.model.layout.load(model, state)
+    index = trainer.run.datamodule.client_train[client]
     with torch.no_grad():
-        features = model.net.forward_features(trainer.datamodule.pool.inputs[index])
-    return class_prototypes(features, trainer.datamodule.pool.targets[index], num_classes=10)
+        features = model.net.forward_features(trainer.run.datamodule.pool.inputs[index])
+    return class_prototypes(features, trainer.run.datamodule.pool.targets[index], num_classes=10)
 
 
 def stacked(updates, key):
@@ -126,7 +126,9 @@ def test_payload_margins_and_aggregates_match_an_independent_computation(run):
     for round_idx in range(3):
         updates = strategy.updates[round_idx]
         # W^t, the state the round's clients received
-        global_before = trainer.layout.flatten(make_model()) if round_idx == 0 else strategy.globals[round_idx - 1]
+        global_before = (
+            trainer.model.layout.flatten(make_model()) if round_idx == 0 else strategy.globals[round_idx - 1]
+        )
         for u in updates:
             p_after, counts = prototypes_of(trainer, strategy.states[round_idx][u.client], u.client)
             p_before, _ = prototypes_of(trainer, global_before, u.client)
@@ -168,7 +170,7 @@ def test_dplus_only_margins_use_no_negatives(run, tmp_path):
     # round 0 trains exactly as the default run (FedAvg weights), so only the margins differ
     for u, reference in zip(strategy.updates[0], default.updates[0], strict=True):
         assert torch.equal(u.payload["prototypes"], reference.payload["prototypes"])
-        p_before, counts = prototypes_of(trainer, trainer.layout.flatten(make_model()), u.client)
+        p_before, counts = prototypes_of(trainer, trainer.model.layout.flatten(make_model()), u.client)
         p_before, p_after = minmax_normalize(p_before), minmax_normalize(u.payload["prototypes"])
         lpm = semantic_prototype_margin(p_before, p_after, counts, counts, use_negatives=False)
         torch.testing.assert_close(u.payload["lpm"], lpm, rtol=1e-4, atol=1e-5)
@@ -219,7 +221,7 @@ def test_killed_and_resumed_run_continues_identically(tmp_path):
     # another initial model and a fresh strategy: everything must come from the checkpoint
     resumed = fit(FedProto(), tmp_path / "killed", rounds=4, model_seed=123, ckpt_path=killed_dir)
     torch.testing.assert_close(resumed.global_state, reference.global_state, rtol=0, atol=0)
-    assert torch.equal(resumed.strategy.aggregate, reference.strategy.aggregate)
+    assert torch.equal(resumed.run.strategy.aggregate, reference.run.strategy.aggregate)
     for row, reference_row in zip(resumed.history, reference.history, strict=True):
         assert {k: v for k, v in row.items() if k.startswith("fedproto/")} == {
             k: v for k, v in reference_row.items() if k.startswith("fedproto/")

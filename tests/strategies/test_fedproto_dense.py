@@ -25,8 +25,8 @@ def test_prototypes_come_from_decoder_pixels_with_nearest_labels(tmp_path):
     trainer.fit(model, data, strategy)
     # one client trained; round 0 uses FedAvg's weights, so the new global model is that client's model, and
     # p̂_agg is its normalised after-training prototypes
-    client = trainer.plans[0].client
-    net = trainer.global_module().net
+    client = trainer.run.plans[0].client
+    net = trainer.model.evaluation_module().net
     sums, counts = torch.zeros(5, 8, dtype=torch.float64), torch.zeros(5, dtype=torch.int64)
     with torch.no_grad():
         for index in data.client_train[client].tolist():

@@ -122,7 +122,7 @@ def test_rounds_of_partial_participation_follow_the_paper(tmp_path):
     rule = Recorded()
     trainer, start = fit(tmp_path, rule)
     assert len(rule.rounds) == ROUNDS and all(len(clients) == 2 for clients in rule.rounds)
-    data = trainer.datamodule
+    data = trainer.run.datamodule
     weights, personal = reference(data, rule.rounds, start)
     for name, got, expected in zip(NAMES, global_weights(trainer), weights, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6, msg=name)

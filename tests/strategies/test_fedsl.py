@@ -22,5 +22,5 @@ def test_weights_are_summed_norms_of_downsampled_channel_means(tmp_path):
         images = data.pool.inputs[data.client_train[client]].numpy()  # [n, 1, 8, 8]
         pooled = images.reshape(-1, 1, 2, 4, 2, 4).mean(axis=(3, 5)).mean(axis=1)  # [n, 2, 2]
         expected = np.sqrt((pooled**2).sum(axis=(1, 2))).sum()
-        np.testing.assert_allclose(trainer.strategy.saliency[client].item(), expected, rtol=1e-5)
-    assert trainer.strategy.saliency.dtype == torch.float64
+        np.testing.assert_allclose(trainer.run.strategy.saliency[client].item(), expected, rtol=1e-5)
+    assert trainer.run.strategy.saliency.dtype == torch.float64

@@ -92,8 +92,8 @@ def test_static_weights_without_warm_up_are_the_saliency_of_the_initial_model(tm
     client = make_client()
     initial = copy.deepcopy(client.net)
     trainer = fit_images(tmp_path, ClientImages([6, 9], [1, 2]), FedSLS(warmup_epochs=0, tau=0.7), client=client)
-    expected = [direct_saliency(initial, trainer.datamodule, k, tau=0.7) for k in range(2)]
-    np.testing.assert_allclose(trainer.strategy.saliency.numpy(), expected, rtol=1e-5)
+    expected = [direct_saliency(initial, trainer.run.datamodule, k, tau=0.7) for k in range(2)]
+    np.testing.assert_allclose(trainer.run.strategy.saliency.numpy(), expected, rtol=1e-5)
 
 
 def test_saliency_weight_scales_with_the_number_of_images(tmp_path):
@@ -104,14 +104,14 @@ def test_saliency_weight_scales_with_the_number_of_images(tmp_path):
             return LabelledTensors(torch.cat([x, x, x]), torch.cat([y, y, y]), np.array([0] * 5 + [1] * 10))
 
     trainer = fit_images(tmp_path, Doubled([5, 10], [3, 3]), FedSLS(warmup_epochs=0))
-    r0, r1 = trainer.strategy.saliency.tolist()
+    r0, r1 = trainer.run.strategy.saliency.tolist()
     assert r1 == pytest.approx(2 * r0, rel=1e-6)
 
 
 def test_saliency_weight_does_not_depend_on_the_batch_size(tmp_path):
     dataset = ClientImages([7, 12], [1, 2])
-    one = fit_images(tmp_path, dataset, FedSLS(batch_size=1)).strategy.saliency
-    many = fit_images(tmp_path, dataset, FedSLS(batch_size=64)).strategy.saliency
+    one = fit_images(tmp_path, dataset, FedSLS(batch_size=1)).run.strategy.saliency
+    many = fit_images(tmp_path, dataset, FedSLS(batch_size=64)).run.strategy.saliency
     torch.testing.assert_close(one, many, rtol=1e-5, atol=0)
 
 
@@ -119,9 +119,9 @@ def test_warm_up_changes_the_weights_but_not_the_federated_run(tmp_path):
     dataset = ClientImages([7, 12], [1, 2])
     warmed = fit_images(tmp_path, dataset, FedSLS(warmup_epochs=1), rounds=2)
     cold = fit_images(tmp_path, dataset, FedSLS(warmup_epochs=0), rounds=1)
-    assert not torch.allclose(warmed.strategy.saliency, cold.strategy.saliency)
+    assert not torch.allclose(warmed.run.strategy.saliency, cold.run.strategy.saliency)
     # the warmed-up models are discarded: the run equals one handed the same weights without any warm-up
-    preset = with_saliency(FedSLS(), warmed.strategy.saliency.tolist())
+    preset = with_saliency(FedSLS(), warmed.run.strategy.saliency.tolist())
     torch.testing.assert_close(fit_images(tmp_path, dataset, preset, rounds=2).global_state, warmed.global_state)
 
 
@@ -146,7 +146,7 @@ def test_dynamic_weights_are_the_saliency_of_the_trained_local_models(tmp_path):
     trainer = fit_images(tmp_path, ClientImages([6, 9], [1, 2]), strategy)
     assert strategy.saliency is None  # nothing static was computed
     for update in strategy.updates:
-        expected = direct_saliency(strategy.nets[update.client], trainer.datamodule, update.client)
+        expected = direct_saliency(strategy.nets[update.client], trainer.run.datamodule, update.client)
         assert update.payload["saliency"] == pytest.approx(expected, rel=1e-5)
         assert update.weights == (update.payload["saliency"],)
 

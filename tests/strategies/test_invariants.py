@@ -293,7 +293,7 @@ def test_image_state_round_trips_through_a_checkpoint(make_image_strategy, tmp_p
     ckpt = first.run_dir / "checkpoints" / "last.ckpt"
     resumed = fit_images(tmp_path, sizes, seeds, make_image_strategy(), rounds=3, ckpt_path=ckpt)
     torch.testing.assert_close(resumed.global_state, straight.global_state, rtol=0, atol=0)
-    strategy, clone = resumed.strategy, make_image_strategy()
+    strategy, clone = resumed.run.strategy, make_image_strategy()
     clone.load_state_dict(strategy.state_dict())
     _assert_same_state(clone.state_dict(), strategy.state_dict())
 
@@ -337,8 +337,8 @@ def test_a_wrapped_state_round_trips_through_a_checkpoint(name, tmp_path):
     resumed = fit(tmp_path, sizes, values, WRAPPERS[name](), rounds=3, lr=0.5, ckpt_path=ckpt)
     torch.testing.assert_close(resumed.global_state, straight.global_state, rtol=0, atol=0)
     clone = WRAPPERS[name]()
-    clone.load_state_dict(resumed.strategy.state_dict())
-    _assert_same_state(clone.state_dict(), resumed.strategy.state_dict())
+    clone.load_state_dict(resumed.run.strategy.state_dict())
+    _assert_same_state(clone.state_dict(), resumed.run.strategy.state_dict())
 
 
 @pytest.mark.parametrize("name", list(NEUTRAL_WRAPPERS))
@@ -369,7 +369,5 @@ def test_a_wrapper_keeps_its_rule_s_per_client_state_and_personal_scores(tmp_pat
     plain = fit(Ditto(lam=0.5, sampling="uniform"))
     wrapped = fit(DPFedAvg(Ditto(lam=0.5, sampling="uniform"), clip_norm=1e6, noise_multiplier=0.0))
     torch.testing.assert_close(wrapped.global_state, plain.global_state)
-    personal = {key: value for key, value in plain.progress.history[-1].items() if key.startswith("clients/personal/")}
-    assert personal and all(
-        wrapped.progress.history[-1][key] == pytest.approx(value) for key, value in personal.items()
-    )
+    personal = {key: value for key, value in plain.history[-1].items() if key.startswith("clients/personal/")}
+    assert personal and all(wrapped.history[-1][key] == pytest.approx(value) for key, value in personal.items())

@@ -79,11 +79,11 @@ def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(name, t
     first = fit(tmp_path / "resumed", make_rule(), rounds=1)
     resumed = fit(tmp_path / "resumed", make_rule(), rounds=2, ckpt_path=first.run_dir / "checkpoints" / "last.ckpt")
     assert torch.equal(resumed.global_state, straight.global_state)
-    if straight.bank.num_clusters:
-        assert torch.equal(resumed.bank.clusters, straight.bank.clusters)
+    if straight.model.bank.num_clusters:
+        assert torch.equal(resumed.model.bank.clusters, straight.model.bank.clusters)
     clone = make_rule()
-    clone.load_state_dict(resumed.strategy.state_dict())
-    _assert_same_state(clone.state_dict(), resumed.strategy.state_dict())
+    clone.load_state_dict(resumed.run.strategy.state_dict())
+    _assert_same_state(clone.state_dict(), resumed.run.strategy.state_dict())
 
 
 class KeepsStates(ClusteredFedAvg):
@@ -97,8 +97,8 @@ class KeepsStates(ClusteredFedAvg):
 def test_a_cluster_of_one_client_keeps_that_clients_own_entries(tmp_path):
     strategy = KeepsStates(clusters=[0, 1, 1], cluster_layers="all")  # client 0 alone in cluster 0
     trainer = fit_bank(tmp_path, strategy, rounds=1)
-    member = trainer.bank.member(0)
+    member = trainer.model.bank.member(0)
     torch.testing.assert_close(member, strategy.ends[0].to(member), rtol=0, atol=1e-6)
     weights = torch.tensor([20.0, 30.0]) / 50.0  # clients 1 and 2 hold 20 and 30 samples: FedAvg within cluster 1
     expected = weights[0] * strategy.ends[1] + weights[1] * strategy.ends[2]
-    torch.testing.assert_close(trainer.bank.member(1), expected.to(member), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(trainer.model.bank.member(1), expected.to(member), rtol=1e-5, atol=1e-6)

@@ -60,7 +60,7 @@ def embed(weights, x):
 
 def reference(trainer, state, lam, k, temperature):
     """(Σ correct, Σ count, Σ −log p) per client of the interpolated prediction under the flat ``state``."""
-    data = trainer.datamodule
+    data = trainer.run.datamodule
     weights = trainer.model.layout.to_state_dict(state, {})
     inputs, targets = data.pool.inputs, data.pool.targets.numpy()
     rows = []

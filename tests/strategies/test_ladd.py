@@ -38,7 +38,7 @@ def test_clusters_are_chosen_from_the_raw_images_styles(tmp_path):
     torch.testing.assert_close(strategy.styles, styles, rtol=1e-6, atol=0)  # normalisation undone (fp32)
     expected = select_style_clusters(styles.numpy(), range(2, 4), n_init=2, seed=0)
     assert strategy.clusters == expected.labels.tolist()
-    assert trainer.bank.num_clusters == expected.k
+    assert trainer.model.bank.num_clusters == expected.k
     written = json.loads((trainer.run_dir / "clusters.json").read_text())
     assert {client: int(c) for c, members in written.items() for client in members} == dict(
         zip(ids.tolist(), expected.labels.tolist(), strict=True)
@@ -92,9 +92,9 @@ def test_routed_metrics_score_each_test_image_with_the_cluster_nearest_its_style
     routes = ((styles[:, None] - strategy.centroids[None]) ** 2).sum(-1).argmin(1)
     x = (test.inputs - 0.5) / 0.5
     metric = model.evaluation_metric(1)
-    for cluster in range(trainer.bank.num_clusters):
+    for cluster in range(trainer.model.bank.num_clusters):
         member = copy.deepcopy(model)
-        trainer.layout.load(member, trainer.bank.member(cluster), trainer.global_integers)
+        trainer.model.layout.load(member, trainer.model.bank.member(cluster), trainer.model.integers)
         member.eval()
         chosen = routes == cluster
         group = torch.zeros(int(chosen.sum()), dtype=torch.long)
@@ -113,7 +113,7 @@ def test_routed_metrics_score_each_test_image_with_the_cluster_nearest_its_style
 def test_without_clustering_one_global_model_keeps_the_teachers(tmp_path):
     strategy = ladd(Recording, clustering=False, teacher_step=1)
     trainer, _ = fit(tmp_path, strategy, rounds=3)
-    assert trainer.bank.num_clusters == 0 and "test/routed/miou" not in trainer.history[-1]
+    assert trainer.model.bank.num_clusters == 0 and "test/routed/miou" not in trainer.history[-1]
     for teachers in strategy.handed[2].values():
         assert torch.equal(teachers["pseudo"], strategy.teachers.states["pseudo/0"])
 
@@ -128,7 +128,7 @@ def test_a_killed_run_resumes_to_the_same_model_and_teachers(tmp_path):
     resumed_strategy = ladd(teacher_step=1, swa_start=2)
     resumed, _ = fit(tmp_path / "killed", resumed_strategy, rounds=3, ckpt_path=checkpoint)
     assert torch.equal(resumed.global_state, trainer.global_state)
-    assert torch.equal(resumed.bank.clusters, trainer.bank.clusters)
+    assert torch.equal(resumed.model.bank.clusters, trainer.model.bank.clusters)
     for name, state in whole.teachers.states.items():
         assert torch.equal(resumed_strategy.teachers.states[name], state), name
     assert resumed_strategy.clusters == whole.clusters

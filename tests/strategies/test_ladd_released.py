@@ -73,7 +73,7 @@ def test_the_codes_swa_teacher_copies_at_t_start_minus_one_and_averages_global_p
     held = strategy.members[1][int(own_test_clusters(strategy)[-1])]
     for teachers in strategy.handed[1].values():
         assert torch.equal(teachers["pseudo"], held)
-    parameters = trainer.layout.parameter_mask(model)
+    parameters = trainer.model.layout.parameter_mask(model)
     swa = strategy.teachers.states["swa/global"]
     torch.testing.assert_close(swa[parameters], (strategy.globals[2][parameters] + strategy.globals[3][parameters]) / 2)
     assert torch.equal(swa[~parameters], held[~parameters])  # BatchNorm statistics of the copy
@@ -85,7 +85,7 @@ def test_the_codes_swa_teacher_copies_at_t_start_minus_one_and_averages_global_p
 def test_without_clusters_the_codes_swa_teacher_copies_the_global_model(tmp_path):
     strategy = ladd(Recording, clustering=False, teacher_step=2, swa_start=4, swa_of_global=True)
     trainer, model = fit(tmp_path, strategy, rounds=5)
-    buffers = ~trainer.layout.parameter_mask(model)
+    buffers = ~trainer.model.layout.parameter_mask(model)
     swa = strategy.teachers.states["swa/global"]
     assert torch.equal(swa[buffers], strategy.globals[3][buffers])  # copied at round 3 = t_start − 1
     assert torch.equal(swa[~buffers], strategy.globals[4][~buffers])  # the refresh of round 4 overwrote them
@@ -115,8 +115,8 @@ def test_the_released_test_loop_scores_by_shuffled_routes_and_a_previous_global(
         metric = model.evaluation_metric(1)
         for i, image in enumerate(visited):
             member = copy.deepcopy(model)
-            state = trainer.global_state if member_of_visit(i) == -1 else trainer.bank.member(member_of_visit(i))
-            trainer.layout.load(member, state, trainer.global_integers)
+            state = trainer.global_state if member_of_visit(i) == -1 else trainer.model.bank.member(member_of_visit(i))
+            trainer.model.layout.load(member, state, trainer.model.integers)
             with torch.no_grad():
                 batch = (x[image : image + 1], test.targets[image : image + 1], torch.zeros(1, dtype=torch.long))
                 metric.update(**member.eval().validation_step(batch, 0))

@@ -87,7 +87,7 @@ def algorithm_1(initial, rounds, data):
 def test_rounds_of_partial_participation_follow_algorithm_1(tmp_path):
     rule = Recorded()
     trainer, initial = fit_images(tmp_path, rule)
-    data, layout = trainer.datamodule, trainer.model.layout
+    data, layout = trainer.run.datamodule, trainer.model.layout
     assert [len(clients) for clients in rule.rounds] == [2] * ROUNDS
     trained = [k for clients in rule.rounds for k in clients]
     assert any(trained.count(k) > 1 for k in trained)  # a body carried over to a later round

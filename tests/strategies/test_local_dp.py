@@ -168,7 +168,7 @@ def test_a_resumed_run_draws_the_noise_of_its_secret_and_keeps_every_clients_eps
     assert ckpt_io.load(round_two)["round"] == 2
     resumed = fit(tmp_path, make(), rounds=3, ckpt_path=round_two, rewind=True)
     torch.testing.assert_close(resumed.global_state, straight.global_state, rtol=0, atol=0)
-    state, expected = resumed.strategy.state_dict(), straight.strategy.state_dict()
+    state, expected = resumed.run.strategy.state_dict(), straight.run.strategy.state_dict()
     assert state["noise_secret"] == expected["noise_secret"]
     assert torch.equal(state["counts"], expected["counts"]) and torch.equal(state["epsilons"], expected["epsilons"])
     assert resumed.history[-1]["local_dp/epsilon_max"] == straight.history[-1]["local_dp/epsilon_max"]
@@ -182,10 +182,10 @@ def test_seeded_noise_round_trips_through_a_checkpoint(tmp_path):
     first = fit(tmp_path, make(), rounds=1)
     resumed = fit(tmp_path, make(), rounds=2, ckpt_path=first.run_dir / "checkpoints" / "last.ckpt")
     torch.testing.assert_close(resumed.global_state, straight.global_state, rtol=0, atol=0)
-    assert torch.equal(resumed.strategy.epsilons, straight.strategy.epsilons)
+    assert torch.equal(resumed.run.strategy.epsilons, straight.run.strategy.epsilons)
     clone = make()
-    clone.load_state_dict(resumed.strategy.state_dict())
-    assert torch.equal(clone.counts, resumed.strategy.counts)
+    clone.load_state_dict(resumed.run.strategy.state_dict())
+    assert torch.equal(clone.counts, resumed.run.strategy.counts)
 
 
 def test_bad_settings_are_reported_together_naming_their_flags():

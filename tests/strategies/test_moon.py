@@ -97,7 +97,7 @@ def test_previous_models_are_the_last_trained_local_models(tmp_path):
     # Round 1's first (full-batch) step contrasts the model it starts from, W^1, with W^1 itself (the global
     # model) and with the client's round-0 local model. The CNN has no BatchNorm or dropout, so train and
     # eval mode give the same features.
-    data = trainer.datamodule
+    data = trainer.run.datamodule
     for client in (0, 1):
         x = data.pool.inputs[data.client_train[client]]
         with torch.no_grad():
@@ -109,7 +109,7 @@ def test_previous_models_are_the_last_trained_local_models(tmp_path):
 
 
 def test_state_holds_every_participant_and_round_trips(tmp_path):
-    strategy = fit(tmp_path, MOON(mu=1.0), rounds=1).strategy
+    strategy = fit(tmp_path, MOON(mu=1.0), rounds=1).run.strategy
     state = strategy.state_dict()
     assert sorted(state["previous"]) == [0, 1]
     clone = MOON()

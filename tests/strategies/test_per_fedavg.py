@@ -75,8 +75,8 @@ def test_three_rounds_of_partial_participation_follow_algorithm_1(tmp_path, vari
     strategy = Recorded(variant=variant, alpha=alpha, delta=0.25, weighting=weighting)
     trainer = fit(tmp_path, strategy, rounds=3, lr=lr, epochs=epochs, batch_size=batch_size)
     assert len(strategy.rounds) == 3 and all(len(clients) == 2 for clients in strategy.rounds)
-    sizes = trainer.datamodule.num_samples.tolist()
-    steps = [epochs * trainer.datamodule.num_batches(k) for k in range(len(VALUES))]
+    sizes = trainer.run.datamodule.num_samples.tolist()
+    steps = [epochs * trainer.run.datamodule.num_batches(k) for k in range(len(VALUES))]
     w = algorithm_1(strategy.rounds, sizes, steps, alpha, lr, variant == "hessian_free", weighting)
     assert trainer.global_state.item() == pytest.approx(w, rel=1e-5)
     assert trainer.history[-1]["clients/personal/loss"] == pytest.approx(personal_loss(w, sizes, alpha), rel=1e-5)

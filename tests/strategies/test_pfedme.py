@@ -69,7 +69,7 @@ def test_three_rounds_of_partial_participation_follow_algorithm_1(
     strategy = Recorded(lam=lam, inner_steps=inner_steps, personal_lr=personal_lr, beta=beta, weighting=weighting)
     trainer = fit(tmp_path, strategy, rounds=3, lr=lr, epochs=epochs)
     assert len(strategy.rounds) == 3 and all(len(clients) == 2 for clients in strategy.rounds)
-    sizes = trainer.datamodule.num_samples.tolist()
+    sizes = trainer.run.datamodule.num_samples.tolist()
     w, personal = algorithm_1(strategy.rounds, sizes, lam, inner_steps, personal_lr, beta, lr, epochs, weighting)
     assert trainer.global_state.item() == pytest.approx(w, rel=1e-5)
     store = trainer.model.client_states

@@ -83,7 +83,7 @@ def test_state_round_trips_through_a_checkpoint(tmp_path):
         tmp_path, SIZES, VALUES, make(), rounds=2, lr=0.5, ckpt_path=first.run_dir / "checkpoints" / "last.ckpt"
     )
     torch.testing.assert_close(resumed.global_state, straight.global_state, rtol=0, atol=0)
-    assert "velocity" in resumed.strategy.state_dict()["rule"]
+    assert "velocity" in resumed.run.strategy.state_dict()["rule"]
 
 
 def test_too_few_clients_for_krum_names_the_flags(tmp_path):
@@ -153,7 +153,7 @@ def test_the_cifar10_config_builds_an_attacked_defense_on_the_fedsls_setting():
     assert isinstance(attack, Attack) and attack.kind == "label_flip" and attack.fraction == 0.2
     assert isinstance(attack.rule, RobustAggregation) and attack.rule.aggregator == "median"
     assert attack.sampling == "uniform"  # the FedSLS setting, read through both wrappers
-    assert type(fit_cfg.data.dataset).__name__ == "CIFAR10" and fit_cfg.trainer.rounds == 2000
+    assert type(fit_cfg.data.dataset).__name__ == "CIFAR10" and fit_cfg.trainer.run.rounds == 2000
 
 
 # -- the shared invariants, for every aggregator --------------------------------------------------------

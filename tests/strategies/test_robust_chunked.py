@@ -119,10 +119,10 @@ def fit_images(tmp_path, strategy, budget_mb=1024.0):
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_a_tiny_budget_gives_the_same_model_in_bounded_blocks(tmp_path, name):
     whole = fit_images(tmp_path, STRATEGIES[name]())
-    numel = whole.layout.numel
-    assert whole.gather_peak_nbytes == 7 * numel * 4  # one block: every client's whole state
+    numel = whole.model.layout.numel
+    assert whole.run.pieces.aggregation.gather_peak_nbytes == 7 * numel * 4  # one block: every client's whole state
     blocked = fit_images(tmp_path, STRATEGIES[name](), budget_mb=TINY / 2**20)
-    assert blocked.gather_peak_nbytes == TINY < whole.gather_peak_nbytes
+    assert blocked.run.pieces.aggregation.gather_peak_nbytes == TINY < whole.run.pieces.aggregation.gather_peak_nbytes
     assert numel > 40 * 20  # many blocks
     torch.testing.assert_close(blocked.global_state, whole.global_state, rtol=0, atol=0)
 
@@ -154,7 +154,7 @@ def test_gathering_rules_see_the_client_weights(tmp_path):
 def test_a_rule_that_needs_whole_states_reads_them_whole_with_a_warning(tmp_path):
     with pytest.warns(UserWarning, match="gather_budget_mb"):
         trainer = fit_images(tmp_path, WeightedMeanOfGathered(), budget_mb=TINY / 2**20)
-    assert trainer.gather_peak_nbytes == 7 * trainer.layout.numel * 4
+    assert trainer.run.pieces.aggregation.gather_peak_nbytes == 7 * trainer.model.layout.numel * 4
 
 
 def test_a_budget_that_is_not_positive_is_refused(tmp_path):

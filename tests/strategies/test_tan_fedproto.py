@@ -101,7 +101,7 @@ def test_rounds_of_partial_participation_follow_algorithm_1(tmp_path, distance):
     trainer = fit(tmp_path, rule)
     rounds = rule.rounds
     assert all(len(clients) == 2 for clients in rounds) and {k for c in rounds for k in c} == {0, 1, 2}
-    data, layout, store = trainer.datamodule, trainer.model.layout, trainer.model.client_states
+    data, layout, store = trainer.run.datamodule, trainer.model.layout, trainer.model.client_states
     own, prototypes, theta0 = algorithm_1(rounds, data, make_client().net, LAM, distance)
 
     tolerance = {"rtol": 1e-4, "atol": 1e-5}

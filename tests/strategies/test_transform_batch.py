@@ -58,7 +58,7 @@ def test_transformed_batches_train_as_hand_permuted_data(batching, local_steps):
     by_hand = fit(PermutedImages(SIZES, SEEDS), FedAvg(), batching, local_steps)
     clean = fit(ClientImages(SIZES, SEEDS), FedAvg(), batching, local_steps)
     if batching is not None:
-        assert isinstance(transformed.fits.vectorised, BatchedLocalFit)  # the vectorised loop ran
+        assert isinstance(transformed.run.pieces.fits.vectorised, BatchedLocalFit)  # the vectorised loop ran
     torch.testing.assert_close(transformed.global_state, by_hand.global_state, rtol=0, atol=0)
     assert not torch.equal(transformed.global_state, clean.global_state)
 
@@ -74,7 +74,7 @@ class FlippedImages(ClientImages):
 def test_a_label_flip_attacker_trains_as_a_clean_client_on_hand_flipped_labels():
     # every client attacks (fraction 0.9 of 3 → 3): the attacked run is FedAvg on flipped data
     attacked = fit(ClientImages(SIZES, SEEDS), Attack(kind="label_flip", fraction=0.9))
-    assert attacked.strategy.malicious == {0, 1, 2}
+    assert attacked.run.strategy.malicious == {0, 1, 2}
     by_hand = fit(FlippedImages(SIZES, SEEDS), FedAvg())
     torch.testing.assert_close(attacked.global_state, by_hand.global_state, rtol=0, atol=0)
-    assert "training_step" not in vars(attacked.module)  # the client's own method ran, not a stand-in
+    assert "training_step" not in vars(attacked.model.module)  # the client's own method ran, not a stand-in

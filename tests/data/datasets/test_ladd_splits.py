@@ -104,7 +104,7 @@ def test_a_federated_ladd_round_on_the_crosscity_miniature(tmp_path):
     data = FederatedDataModule(CrossCity(str(tmp_path), size=(H, W), num_workers=1), batch_size=2, test_fraction=0.0,
                                drop_last=True, eval_batch_size=2)  # fmt: skip
     trainer, metrics = _ladd_fit(data, tmp_path, num_classes=13, cluster_layers="classifier", rounds=2)
-    assert data.num_clients == sum(map(len, CROSSCITY_TRAIN.values())) and trainer.bank.num_clusters == 2
+    assert data.num_clients == sum(map(len, CROSSCITY_TRAIN.values())) and trainer.model.bank.num_clusters == 2
     assert 0 <= metrics["test/routed/miou"] <= 1 and "test/miou" in metrics
     assert metrics["round/clients_aggregated"] == 2
 
