@@ -23,7 +23,7 @@ LoggerName = Literal["csv", "wandb"]
 StartMethod = Literal["popen", "fork"]
 WandbMode = Literal["offline", "online", "disabled"]
 #: ``torch.compile`` of the sequential client step: off, or on with one of its modes (``true`` is ``default``)
-CompileMode = bool | Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+CompileMode = bool | Literal["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,9 +183,17 @@ class BatchingSettings:
     client_batching: int | Literal["auto"] | None
     compile_batched: bool
     compile_steps: CompileMode = False
+    steps_per_call: int = 1
 
     def problems(self) -> list[str]:
         problems = []
+        if self.steps_per_call < 1:
+            problems.append(f"Expected --trainer.steps_per_call ≥ 1, got {self.steps_per_call}.")
+        elif self.steps_per_call > 1 and not self.compile_steps:
+            problems.append(
+                f"--trainer.steps_per_call={self.steps_per_call} runs that many compiled steps per call, which needs "
+                "--trainer.compile_steps=true (or a mode); set it, or drop steps_per_call."
+            )
         if isinstance(self.client_batching, int) and self.client_batching < 1:
             problems.append(f"Expected --trainer.client_batching ≥ 1, 'auto' or null, got {self.client_batching}.")
         if self.compile_batched and self.client_batching is None:

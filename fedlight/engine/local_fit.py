@@ -11,11 +11,19 @@ With ``--trainer.compile_steps``, a client's whole step (the client's ``training
 train the same resident module. A fit whose optimizer the whole step does not compute (another optimizer, several,
 a scheduler) compiles only the forward pass and loss; its backward pass runs through the compiled graph's own
 backward and the optimizer stays eager. The console says once which one runs, and why.
+
+``--trainer.compile_steps=auto`` decides after the run's first fit, which runs eagerly and is timed: compiling
+pays back only when the eager steps it replaces take long enough. The whole step ran at 1.3–1.9× the eager
+loop on small networks on a CPU (``benchmarks/speed/README.md``), while compiling a small CNN took up to a few
+minutes on a loaded 2-core CPU without a warm compiler cache; so ``auto`` compiles when the whole step can run
+and the rest of the run's fits, timed as the first, would take at least :data:`AUTO_MIN_EAGER_S` seconds eagerly,
+at which a 1.5× step saves several minutes. The console says which it chose and on what estimate.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from itertools import chain
@@ -41,6 +49,9 @@ if TYPE_CHECKING:
 
 LossFn = Callable[[Any, Any, dict[str, torch.Tensor]], torch.Tensor]
 
+#: ``compile_steps=auto`` compiles when the run's remaining fits would take this many seconds or more eagerly
+AUTO_MIN_EAGER_S = 600.0
+
 
 class LocalTraining:
     """Local fits of the clients a process hosts, on its resident module.
@@ -56,6 +67,7 @@ class LocalTraining:
         compile_steps: compile the rounds' steps (``torch.compile``'s mode, or ``True`` for its default): the whole
             step where the fit's optimizer allows (:mod:`fedlight.engine.whole_step`), else the forward pass and
             loss; ``False`` runs them eagerly.
+        steps_per_call: with the whole step, consecutive steps of equal-shape batches run in one compiled call.
     """
 
     def __init__(
@@ -68,16 +80,20 @@ class LocalTraining:
         streams: RandomStreams,
         settings: RoundSettings,
         compile_steps: CompileMode = False,
+        steps_per_call: int = 1,
     ) -> None:
         self.model, self.datamodule, self.strategy, self.context = model, datamodule, strategy, context
         self.fabric, self.streams, self.settings = fabric, streams, settings
         self.precision = fabric.strategy.precision
         self.compile_steps = compile_steps
+        self.steps_per_call = steps_per_call
         #: prints one line on the run's console (which compiled step runs, and why); the run's console sets it
         self.say: Callable[[str], None] = lambda line: None
         self._compiled: Callable | None = None  # the rounds' compiled forward and loss, built on first use
         self._whole: WholeStep | None = None  # the rounds' compiled whole step, built on first use
         self._whole_refused: str | None = None  # why this run's fits cannot take the whole step, once one could not
+        #: ``compile_steps=auto``'s choice once the first fit is timed (None before, or without auto)
+        self.auto_compiles: bool | None = None
 
     def fit(self, round_idx: int, plan: ClientPlan, start: torch.Tensor) -> tuple[ClientUpdate, torch.Tensor]:
         """Client ``plan.client``'s fit in round ``round_idx`` from the bank member ``start``; returns its update
@@ -101,9 +117,13 @@ class LocalTraining:
         try:
             strategy.on_client_fit_start(context, module, plan)
             batches = self.batches(plan, generator)
+            deciding = self.compile_steps == "auto" and self.auto_compiles is None
+            started = time.perf_counter()
             loss_sum, steps = self.train_steps(
-                module, optimizers, schedulers, batches, strategy.training_loss, compiled=bool(self.compile_steps)
+                module, optimizers, schedulers, batches, strategy.training_loss, compiled=self._compiles()
             )
+            if deciding:
+                self._decide(round_idx, time.perf_counter() - started, steps, module, optimizers, schedulers)
             update = self.update(plan, loss_sum, steps)
             strategy.on_client_fit_end(context, module, update)
         finally:
@@ -232,11 +252,16 @@ class LocalTraining:
             self._refuse_whole_step(blocker)
             return None
         if self._whole is None:
-            self._whole = WholeStep(module, loss_fn, self.precision, mode=self._compile_mode())
+            self._whole = WholeStep(
+                module, loss_fn, self.precision, mode=self._compile_mode(), steps_per_call=self.steps_per_call
+            )
             update = type(optimizers[0]).__name__
+            per_call = (
+                f", {self.steps_per_call} steps of equal-shape batches per call" if self.steps_per_call > 1 else ""
+            )
             self.say(
                 "fedlight: --trainer.compile_steps: each client step (forward, loss, backward and "
-                f"{update} update) runs as one compiled graph. {compile_cost()}"
+                f"{update} update) runs as one compiled graph{per_call}. {compile_cost()}"
             )
         return self._whole
 
@@ -248,7 +273,36 @@ class LocalTraining:
         )
 
     def _compile_mode(self) -> str | None:
-        return None if self.compile_steps is True else self.compile_steps
+        return None if self.compile_steps in (True, "auto") else self.compile_steps
+
+    def _compiles(self) -> bool:
+        """Whether this fit's steps run compiled (``auto``: once the first fit chose to)."""
+        return bool(self.auto_compiles) if self.compile_steps == "auto" else bool(self.compile_steps)
+
+    def _decide(
+        self, round_idx: int, seconds: float, steps: int, module: FederatedClient, optimizers: list, schedulers: list
+    ) -> None:
+        """``compile_steps=auto``: compile the rest of the run's fits when they can take the whole step and would
+        take :data:`AUTO_MIN_EAGER_S` seconds or more eagerly, judged by the first fit's time; says which."""
+        settings = self.settings
+        per_process = math.ceil(settings.clients_per_round / self.fabric.world_size)
+        fits_left = max((settings.rounds - round_idx) * per_process - 1, 0)
+        eager_s = seconds * fits_left
+        blocker = whole_step_blocker(module, optimizers, schedulers, self.precision)
+        if blocker is None and not self.strategy.loss_is_traceable():
+            blocker = f"{type(self.strategy).__name__}'s training_loss may use parameters it kept (loss_is_traceable)"
+        self.auto_compiles = blocker is None and eager_s >= AUTO_MIN_EAGER_S
+        estimate = (
+            f"the first fit took {seconds:.2f} s for {steps} steps, so the run's other {fits_left} fits on this "
+            f"process would take about {eager_s / 60:.1f} min eagerly"
+        )
+        if blocker is not None:
+            choice = f"steps stay eager, because the whole step cannot run: {blocker}"
+        elif self.auto_compiles:
+            choice = f"at least {AUTO_MIN_EAGER_S / 60:.0f} min, enough to repay compiling: the steps are compiled"
+        else:
+            choice = f"less than the {AUTO_MIN_EAGER_S / 60:.0f} min it takes to repay compiling: the steps stay eager"
+        self.say(f"fedlight: --trainer.compile_steps=auto: {estimate}; {choice}.")
 
     def compiled_step(self, module: FederatedClient, loss_fn: LossFn) -> Callable:
         """The step's forward pass and loss compiled with ``torch.compile``, once per run.

@@ -78,7 +78,8 @@ def trainer_settings(arguments: dict[str, Any]) -> TrainerSettings:
         ),
         evaluation=EvaluationSettings(eval_clients=a.eval_clients, full_eval_every=a.full_eval_every),
         batching=BatchingSettings(
-            client_batching=a.client_batching, compile_batched=a.compile_batched, compile_steps=a.compile_steps
+            client_batching=a.client_batching, compile_batched=a.compile_batched, compile_steps=a.compile_steps,
+            steps_per_call=a.steps_per_call,
         ),
         guards=GuardSettings(max_update_ratio=a.max_update_ratio, fail_fast=a.fail_fast),
         memory=MemorySettings(
@@ -264,7 +265,15 @@ class RunPieces:
         model, data, strategy, rank = inputs.model, inputs.datamodule, inputs.strategy, fabric.global_rank
         guards, batching = settings.guards, settings.batching
         self.training = LocalTraining(
-            model, data, strategy, context, fabric, streams, settings.loop, batching.compile_steps
+            model,
+            data,
+            strategy,
+            context,
+            fabric,
+            streams,
+            settings.loop,
+            batching.compile_steps,
+            batching.steps_per_call,
         )
         self.guards = FailureGuards(guards, run_dir, rank)
         self.fits = RoundFits(self.training, self.guards, batching, fabric, console, guards.fail_fast)

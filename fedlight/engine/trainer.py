@@ -143,7 +143,15 @@ class FederatedTrainer:
             scheduler the whole step (forward, loss, backward and update) is one graph; otherwise the forward
             pass and loss are compiled and the backward pass and optimizer stay eager; the console says which.
             The first steps pay the compilation (seconds). Results equal eager steps up to float rounding (a
-            fused graph sums in another order); dropout draws come from the compiler's own generator.
+            fused graph sums in another order); dropout draws come from the compiler's own generator. ``auto``
+            times the run's first fit eagerly and compiles the rest (in torch's default mode) only when the whole
+            step can run and the remaining fits would take 10 minutes or more eagerly, long enough to repay
+            compiling; the console says which it chose and on what estimate.
+        steps_per_call: with ``compile_steps`` and the whole step, run this many consecutive steps of equal-shape
+            batches inside one compiled call (the batches stacked), so the cost of entering compiled code is paid
+            once per call rather than once per step: on small networks, whose steps take tens of microseconds, that
+            cost is a large part of a step. The steps are the same, in the same order; compilation takes longer
+            (the graph holds every step of a call). Batches that do not fill a call run one step per call.
         init_from: start the run from another run's weights instead of the model's own initialisation: a
             fedlight checkpoint (``<run_dir>/checkpoints/last.ckpt``, e.g. of a centralized source
             pre-training run), a Lightning checkpoint, or a file holding a plain ``state_dict``. Weights only;
@@ -214,6 +222,7 @@ class FederatedTrainer:
         client_batching: int | Literal["auto"] | None = None,
         compile_batched: bool = False,
         compile_steps: CompileMode = False,
+        steps_per_call: int = 1,
         init_from: str | Path | None = None,
         max_update_ratio: float | None = 1000.0,
         rewind: bool = False,

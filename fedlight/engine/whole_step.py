@@ -25,6 +25,12 @@ A loss that no gradient transform can run (one that asks for a tensor's memory a
 first step, before any update, and the run goes on with the forward pass and loss compiled. Anything else keeps
 the eager backward pass and optimizer (with the forward pass and loss compiled), and the console says why once
 per run.
+
+With ``steps_per_call`` k > 1, k consecutive batches of one shape are stacked and their k steps run inside one
+compiled call, so the per-call cost of entering the compiled code (guards, argument checks, the graph's launch) is
+paid once per k steps rather than once per step: on an overhead-bound network that cost is a large share of a
+step. The steps inside the call are the same steps in the same order; a run of batches that does not fill a call
+(the epoch's short last batch, the client's last few) takes single-step calls.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value
+from torch.utils._pytree import tree_flatten, tree_map
 
 #: the optimizers whose update the whole step computes itself
 WHOLE_STEP_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
@@ -99,13 +106,18 @@ class WholeStep:
         loss_fn: the rule's loss of the client's ``training_step`` outputs.
         precision: Fabric's precision plugin (its forward context and input conversion).
         mode: ``torch.compile``'s mode, or ``None`` for its default.
+        steps_per_call: consecutive steps of equal-shape batches run in one compiled call.
     """
 
-    def __init__(self, module: nn.Module, loss_fn: Callable, precision: Any, mode: str | None = None) -> None:
+    def __init__(
+        self, module: nn.Module, loss_fn: Callable, precision: Any, mode: str | None = None, steps_per_call: int = 1
+    ) -> None:
         self.step = _Step(module, loss_fn, precision)
         self.precision = precision
         allow_recompiles()
         self.compiled = torch.compile(self._step, mode=mode)
+        self.steps_per_call = steps_per_call
+        self.compiled_steps = torch.compile(self._steps, mode=mode) if steps_per_call > 1 else None
         # CUDA graphs replay fixed addresses: every tensor the step updates in place is marked as one that stays
         self.static = mode in ("reduce-overhead", "max-autotune")
         self._views: tuple[Any, dict[str, torch.Tensor], dict[str, torch.Tensor]] | None = None
@@ -120,13 +132,39 @@ class WholeStep:
         rule, settings = self._settings(optimizer)
         slots = self._fresh_slots(trainable, rule)
         count, loss_sum = self._count, self._loss_sum
+        state = (trainable, fixed, slots, settings, count, loss_sum, rule)
         steps = 0
+        pending: list[Any] = []  # batches of one shape waiting to fill a call of several steps
         for batch in batches:
             batch = self.precision.convert_input(batch)
-            self.compiled(trainable, fixed, slots, settings, count, loss_sum, rule, batch, steps)
+            if self.compiled_steps is None:
+                self.compiled(*state, batch, steps)
+                steps += 1
+                self.steps_run += 1
+                continue
+            if pending and _shapes(batch) != _shapes(pending[0]):
+                steps = self._one_by_one(state, pending, steps)
+            if _shapes(batch) is None:  # a batch with other leaves than tensors cannot be stacked
+                steps = self._one_by_one(state, [batch], steps)
+                continue
+            pending.append(batch)
+            if len(pending) == self.steps_per_call:
+                stacked = tree_map(lambda *leaves: torch.stack(leaves), *pending)
+                self.compiled_steps(*state, stacked, steps, len(pending))
+                steps += len(pending)
+                self.steps_run += len(pending)
+                pending = []
+        steps = self._one_by_one(state, pending, steps)
+        return loss_sum.clone(), steps
+
+    def _one_by_one(self, state: tuple, batches: list[Any], steps: int) -> int:
+        """Runs ``batches`` one step per call; returns the steps done so far, and empties ``batches``."""
+        for batch in batches:
+            self.compiled(*state, batch, steps)
             steps += 1
             self.steps_run += 1
-        return loss_sum.clone(), steps
+        batches.clear()
+        return steps
 
     def _tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The module's trainable parameters and its other tensors (frozen parameters, buffers), as detached views
@@ -214,9 +252,37 @@ class WholeStep:
             update(p, grads[name], slots[name], settings[name], count, nesterov=rule == "sgd-nesterov")
         loss_sum.add_(task_loss)
 
+    def _steps(
+        self,
+        trainable: dict[str, torch.Tensor],
+        fixed: dict[str, torch.Tensor],
+        slots: dict[str, list[torch.Tensor]],
+        settings: dict[str, torch.Tensor],
+        count: torch.Tensor,
+        loss_sum: torch.Tensor,
+        rule: str,
+        stacked: Any,
+        first_idx: int,
+        num_steps: int,
+    ) -> None:
+        """``num_steps`` steps, one per batch of ``stacked`` (the batches stacked along a new first dimension), as
+        :meth:`_step` runs them one by one."""
+        for i in range(num_steps):
+            batch = tree_map(lambda leaf, i=i: leaf[i], stacked)
+            self._step(trainable, fixed, slots, settings, count, loss_sum, rule, batch, first_idx + i)
+
     def _loss(self, trainable, fixed, batch, batch_idx):
         loss, task_loss = functional_call(self.step, (trainable, fixed), (batch, batch_idx))
         return loss, task_loss
+
+
+def _shapes(batch: Any) -> tuple | None:
+    """The structure, shapes, dtypes and devices of a batch's tensors (``None`` when it holds anything else): batches
+    of equal ``_shapes`` stack into one call."""
+    leaves, spec = tree_flatten(batch)
+    if not all(isinstance(leaf, torch.Tensor) for leaf in leaves):
+        return None
+    return spec, tuple((leaf.shape, leaf.dtype, leaf.device) for leaf in leaves)
 
 
 def sgd_update(

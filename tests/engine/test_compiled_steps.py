@@ -36,12 +36,12 @@ def sgd(params):
     return torch.optim.SGD(params, lr=0.05)
 
 
-def run(model, strategy, precision, compile_steps, optimizer=sgd):
+def run(model, strategy, precision, compile_steps, optimizer=sgd, **settings):
     torch.manual_seed(0)
     client = ClassificationClient(num_classes=3, input_shape=(1, 8, 8), model=model, optimizer=optimizer)
     trainer = FederatedTrainer(
         rounds=2, clients_per_round=4, local_epochs=2, logger=None, enable_progress_bar=False,
-        precision=precision, compile_steps=compile_steps,
+        precision=precision, compile_steps=compile_steps, **settings,
     )  # fmt: skip
     trainer.fit(client, images(), strategy)
     return trainer
@@ -72,6 +72,62 @@ def test_compiled_steps_in_fp32_stay_within_rounding_of_the_eager_ones():
     # the tolerance is far below what a wrong loss does: the proximal term alone moves the model more
     without_proximal = run("mlp", FedProx(mu=0.0), "32-true", False)
     assert (without_proximal.global_state - eager.global_state).abs().max().item() > 1000 * FP32_ATOL
+
+
+def test_several_steps_per_compiled_call_train_as_the_eager_steps(capsys):
+    eager = run("mlp", FedProx(mu=0.5), "64-true", False)
+    compiled = run("mlp", FedProx(mu=0.5), "64-true", True, steps_per_call=3)
+    whole = compiled.run.pieces.training._whole
+    assert whole.steps_per_call == 3 and whole.steps_run > 0
+    torch.testing.assert_close(compiled.global_state, eager.global_state, rtol=0, atol=FP64_ATOL)
+    for a, b in zip(eager.history, compiled.history, strict=True):
+        assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-9)
+    assert "3 steps of equal-shape batches per call" in capsys.readouterr().out
+
+
+def test_auto_keeps_a_short_run_eager_and_says_on_what_estimate(capsys):
+    eager = run("mlp", FedProx(mu=0.5), "64-true", False)
+    auto = run("mlp", FedProx(mu=0.5), "64-true", "auto")
+    training = auto.run.pieces.training
+    assert training.auto_compiles is False and training._whole is None and training._compiled is None
+    torch.testing.assert_close(auto.global_state, eager.global_state, rtol=0, atol=0)  # the eager steps, bit for bit
+    out = capsys.readouterr().out
+    # 2 rounds of 4 clients on one process: the first fit is timed, 7 fits are left
+    assert "--trainer.compile_steps=auto: the first fit took" in out and "other 7 fits" in out
+    assert "the steps stay eager" in out
+
+
+def test_auto_compiles_a_run_long_enough_to_repay_it(monkeypatch, capsys):
+    from fedlight.engine import local_fit
+
+    monkeypatch.setattr(local_fit, "AUTO_MIN_EAGER_S", 0.0)  # any run is long enough
+    eager = run("mlp", FedProx(mu=0.5), "64-true", False)
+    auto = run("mlp", FedProx(mu=0.5), "64-true", "auto")
+    training = auto.run.pieces.training
+    assert training.auto_compiles is True and training._whole.steps_run > 0
+    torch.testing.assert_close(auto.global_state, eager.global_state, rtol=0, atol=FP64_ATOL)
+    assert "the steps are compiled" in capsys.readouterr().out
+
+
+def test_auto_keeps_a_fit_the_whole_step_cannot_take_eager(monkeypatch, capsys):
+    from fedlight.engine import local_fit
+
+    monkeypatch.setattr(local_fit, "AUTO_MIN_EAGER_S", 0.0)
+    auto = run("mlp", FedAvg(), "64-true", "auto", optimizer=with_schedule)
+    training = auto.run.pieces.training
+    assert training.auto_compiles is False and training._compiled is None
+    assert "the whole step cannot run: configure_optimizers returned a learning-rate scheduler" in (
+        capsys.readouterr().out
+    )
+
+
+def test_steps_per_call_without_compiled_steps_is_refused_at_set_up():
+    from fedlight.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--trainer.steps_per_call=4 .* needs --trainer.compile_steps"):
+        FederatedTrainer(logger=None, steps_per_call=4)
+    with pytest.raises(ConfigError, match=r"steps_per_call ≥ 1"):
+        FederatedTrainer(logger=None, compile_steps=True, steps_per_call=0)
 
 
 def test_an_unknown_compile_mode_is_refused_naming_the_flag(capsys):

@@ -103,6 +103,50 @@ def test_batchnorm_statistics_and_a_frozen_layer_follow_the_eager_fit():
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=key)
 
 
+class IndexedClient(Client):
+    """A loss that depends on the batch index, so a step run with another step's index would differ."""
+
+    def training_step(self, batch, batch_idx):
+        return {"loss": (1 + 0.25 * batch_idx) * nn.functional.cross_entropy(self.net(batch[0]), batch[1])}
+
+
+def eager_indexed_fit(module, optimizer, data):
+    total = 0.0
+    for batch_idx, batch in enumerate(data):
+        loss = module.training_step(batch, batch_idx)["loss"]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        total += loss.item()
+    return total
+
+
+@pytest.mark.parametrize("name", ["sgd-momentum-dampening-decay", "adamw"])
+@pytest.mark.parametrize("steps_per_call", [2, 4])
+def test_several_steps_per_call_equal_the_eager_steps_in_fp64(name, steps_per_call):
+    make = OPTIMIZERS[name]
+    torch.manual_seed(2)
+    compiled, eager = IndexedClient().double(), IndexedClient().double()
+    eager.load_state_dict(compiled.state_dict())
+    step = WholeStep(
+        compiled, lambda module, batch, outputs: outputs["loss"], Precision(), steps_per_call=steps_per_call
+    )
+    calls = []
+    several = step.compiled_steps
+    step.compiled_steps = lambda *args: calls.append(args[-1]) or several(*args)
+    for client in range(2):  # six batches: five of 4, a short last one of 3
+        data = batches(10 + client)
+        loss_sum, steps = step.run(make(compiled.parameters()), iter(data))
+        expected = eager_indexed_fit(eager, make(eager.parameters()), data)
+        assert steps == len(data)
+        assert loss_sum.item() == pytest.approx(expected, abs=1e-5)
+        for (key, a), b in zip(compiled.state_dict().items(), eager.state_dict().values(), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=f"{name}, client {client}: {key}")
+    # the five full batches fill 5 // k calls of k steps each per client; the rest run one by one
+    assert calls == [steps_per_call] * (5 // steps_per_call) * 2
+    assert step.steps_run == 2 * len(data)
+
+
 def test_what_the_whole_step_does_not_compute_is_refused_with_the_reason():
     module = Client()
     params = list(module.parameters())
