@@ -29,8 +29,10 @@ per run.
 With ``steps_per_call`` k > 1, k consecutive batches of one shape are stacked and their k steps run inside one
 compiled call, so the per-call cost of entering the compiled code (guards, argument checks, the graph's launch) is
 paid once per k steps rather than once per step: on an overhead-bound network that cost is a large share of a
-step. The steps inside the call are the same steps in the same order; a run of batches that does not fill a call
-(the epoch's short last batch, the client's last few) takes single-step calls.
+step. The steps inside the call are the same steps in the same order. A run of equal-shape batches that does
+not fill a call (the full batches before an epoch's short last batch, on a client with fewer than k of them)
+runs in calls of the largest powers of two that fit (5 batches: a call of 4, then one of 1), so a small client
+still takes several steps per call while the number of compiled graphs stays at most log₂ k + 1.
 """
 
 from __future__ import annotations
@@ -143,26 +145,32 @@ class WholeStep:
                 self.steps_run += 1
                 continue
             if pending and _shapes(batch) != _shapes(pending[0]):
-                steps = self._one_by_one(state, pending, steps)
+                steps = self._flush(state, pending, steps)
             if _shapes(batch) is None:  # a batch with other leaves than tensors cannot be stacked
-                steps = self._one_by_one(state, [batch], steps)
+                steps = self._flush(state, [batch], steps)
                 continue
             pending.append(batch)
             if len(pending) == self.steps_per_call:
-                stacked = tree_map(lambda *leaves: torch.stack(leaves), *pending)
-                self.compiled_steps(*state, stacked, steps, len(pending))
-                steps += len(pending)
-                self.steps_run += len(pending)
-                pending = []
-        steps = self._one_by_one(state, pending, steps)
+                steps = self._flush(state, pending, steps)
+        steps = self._flush(state, pending, steps)
         return loss_sum.clone(), steps
 
-    def _one_by_one(self, state: tuple, batches: list[Any], steps: int) -> int:
-        """Runs ``batches`` one step per call; returns the steps done so far, and empties ``batches``."""
-        for batch in batches:
-            self.compiled(*state, batch, steps)
-            steps += 1
-            self.steps_run += 1
+    def _flush(self, state: tuple, batches: list[Any], steps: int) -> int:
+        """Runs ``batches`` (of one shape) in order: a full call of ``steps_per_call`` steps, or calls of the largest
+        powers of two that fit, a lone batch by the single-step function. Returns the steps done so far, and
+        empties ``batches``."""
+        done = 0
+        while done < len(batches):
+            left = len(batches) - done
+            size = left if left == self.steps_per_call else 1 << (left.bit_length() - 1)
+            if size == 1:
+                self.compiled(*state, batches[done], steps)
+            else:
+                stacked = tree_map(lambda *leaves: torch.stack(leaves), *batches[done : done + size])
+                self.compiled_steps(*state, stacked, steps, size)
+            steps += size
+            done += size
+            self.steps_run += size
         batches.clear()
         return steps
 

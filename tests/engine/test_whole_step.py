@@ -142,9 +142,27 @@ def test_several_steps_per_call_equal_the_eager_steps_in_fp64(name, steps_per_ca
         assert loss_sum.item() == pytest.approx(expected, abs=1e-5)
         for (key, a), b in zip(compiled.state_dict().items(), eager.state_dict().values(), strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=f"{name}, client {client}: {key}")
-    # the five full batches fill 5 // k calls of k steps each per client; the rest run one by one
-    assert calls == [steps_per_call] * (5 // steps_per_call) * 2
+    # per client, the five full batches run as calls of 2, 2 (k = 2) or of 4 (k = 4), the fifth and the short
+    # last batch one by one
+    assert calls == {2: [2, 2], 4: [4]}[steps_per_call] * 2
     assert step.steps_run == 2 * len(data)
+
+
+def test_a_run_shorter_than_a_call_takes_calls_of_the_largest_powers_of_two():
+    make = OPTIMIZERS["sgd-nesterov"]
+    torch.manual_seed(3)
+    compiled, eager = IndexedClient().double(), IndexedClient().double()
+    eager.load_state_dict(compiled.state_dict())
+    step = WholeStep(compiled, lambda module, batch, outputs: outputs["loss"], Precision(), steps_per_call=8)
+    calls = []
+    several = step.compiled_steps
+    step.compiled_steps = lambda *args: calls.append(args[-1]) or several(*args)
+    data = batches(20)[:5] + batches(21)[:2]  # seven batches of 4: fewer than a call of 8
+    step.run(make(compiled.parameters()), iter(data))
+    eager_indexed_fit(eager, make(eager.parameters()), data)
+    assert calls == [4, 2]  # then the seventh alone
+    for (key, a), b in zip(compiled.state_dict().items(), eager.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=key)
 
 
 def test_what_the_whole_step_does_not_compute_is_refused_with_the_reason():
