@@ -7,6 +7,7 @@ client, so the aggregate of any weighting rule can be computed by hand.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -165,3 +166,16 @@ class SignalAtRound(RoundCallback):
     def on_round_start(self, context, round_idx: int) -> None:
         if round_idx == self.round_idx:
             os.kill(os.getpid(), getattr(signal, self.signal_name))
+
+
+class PlainPrecision:
+    """What the compiled whole step reads of Fabric's precision plugin, for a module's own dtype without autocast:
+    to drive :class:`~fedlight.engine.whole_step.WholeStep` outside a run (tests, step benchmarks)."""
+
+    scaler = None
+
+    def forward_context(self):
+        return contextlib.nullcontext()
+
+    def convert_input(self, batch):
+        return batch

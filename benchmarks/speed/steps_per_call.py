@@ -20,7 +20,6 @@ step is per-call overhead and what the time per step tends to as k grows.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
 import time
@@ -32,18 +31,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from fedlight.engine.whole_step import WholeStep  # noqa: E402
-
-
-class Precision:
-    """What the whole step reads of Fabric's precision plugin, for fp32 without autocast."""
-
-    scaler = None
-
-    def forward_context(self):
-        return contextlib.nullcontext()
-
-    def convert_input(self, batch):
-        return batch
+from fedlight.testing import PlainPrecision  # noqa: E402
 
 
 class MLP(nn.Module):
@@ -97,7 +85,9 @@ def main() -> None:
     compile_s: dict[int, float] = {}
     for k in args.ks:
         modules[k] = MLP()
-        steps[k] = WholeStep(modules[k], lambda module, batch, outputs: outputs["loss"], Precision(), steps_per_call=k)
+        steps[k] = WholeStep(
+            modules[k], lambda module, batch, outputs: outputs["loss"], PlainPrecision(), steps_per_call=k
+        )
         started = time.perf_counter()
         compiled_fit(modules[k], steps[k], batches[: 2 * k] + batches[: 2 * k])  # compiles the call(s) it times
         compile_s[k] = time.perf_counter() - started

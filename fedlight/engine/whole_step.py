@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -100,6 +100,25 @@ class _Step(nn.Module):
         return loss, outputs["loss"].detach().float()
 
 
+class StepState(NamedTuple):
+    """What every compiled step of a fit reads and updates, besides its batch."""
+
+    #: the module's trainable parameters, updated in place
+    trainable: dict[str, torch.Tensor]
+    #: its other tensors (frozen parameters, buffers)
+    fixed: dict[str, torch.Tensor]
+    #: each trainable parameter's optimizer state (momentum buffer; Adam's two moments)
+    slots: dict[str, list[torch.Tensor]]
+    #: each trainable parameter's optimizer settings, as a vector
+    settings: dict[str, torch.Tensor]
+    #: the step count t
+    count: torch.Tensor
+    #: the fit's task-loss sum
+    loss_sum: torch.Tensor
+    #: the update rule: ``sgd``, ``sgd-nesterov`` or ``adam``
+    rule: str
+
+
 class WholeStep:
     """One compiled function for the forward pass, loss, backward pass and update of every client of a run.
 
@@ -133,14 +152,13 @@ class WholeStep:
         trainable, fixed = self._tensors()
         rule, settings = self._settings(optimizer)
         slots = self._fresh_slots(trainable, rule)
-        count, loss_sum = self._count, self._loss_sum
-        state = (trainable, fixed, slots, settings, count, loss_sum, rule)
+        state = StepState(trainable, fixed, slots, settings, self._count, self._loss_sum, rule)
         steps = 0
         pending: list[Any] = []  # batches of one shape waiting to fill a call of several steps
         for batch in batches:
             batch = self.precision.convert_input(batch)
             if self.compiled_steps is None:
-                self.compiled(*state, batch, steps)
+                self.compiled(state, batch, steps)
                 steps += 1
                 self.steps_run += 1
                 continue
@@ -153,9 +171,9 @@ class WholeStep:
             if len(pending) == self.steps_per_call:
                 steps = self._flush(state, pending, steps)
         steps = self._flush(state, pending, steps)
-        return loss_sum.clone(), steps
+        return state.loss_sum.clone(), steps
 
-    def _flush(self, state: tuple, batches: list[Any], steps: int) -> int:
+    def _flush(self, state: StepState, batches: list[Any], steps: int) -> int:
         """Runs ``batches`` (of one shape) in order: a full call of ``steps_per_call`` steps, or calls of the largest
         powers of two that fit, a lone batch by the single-step function. Returns the steps done so far, and
         empties ``batches``."""
@@ -164,10 +182,10 @@ class WholeStep:
             left = len(batches) - done
             size = left if left == self.steps_per_call else 1 << (left.bit_length() - 1)
             if size == 1:
-                self.compiled(*state, batches[done], steps)
+                self.compiled(state, batches[done], steps)
             else:
                 stacked = tree_map(lambda *leaves: torch.stack(leaves), *batches[done : done + size])
-                self.compiled_steps(*state, stacked, steps, size)
+                self.compiled_steps(state, stacked, steps, size)
             steps += size
             done += size
             self.steps_run += size
@@ -241,18 +259,8 @@ class WholeStep:
                 torch._dynamo.mark_static_address(tensor)
         return {name: self._slots[name] for name in trainable}
 
-    def _step(
-        self,
-        trainable: dict[str, torch.Tensor],
-        fixed: dict[str, torch.Tensor],
-        slots: dict[str, list[torch.Tensor]],
-        settings: dict[str, torch.Tensor],
-        count: torch.Tensor,
-        loss_sum: torch.Tensor,
-        rule: str,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    def _step(self, state: StepState, batch: Any, batch_idx: int) -> None:
+        trainable, fixed, slots, settings, count, loss_sum, rule = state
         grads, (_, task_loss) = grad_and_value(self._loss, has_aux=True)(trainable, fixed, batch, batch_idx)
         count.add_(1)
         for name, p in trainable.items():
@@ -260,24 +268,11 @@ class WholeStep:
             update(p, grads[name], slots[name], settings[name], count, nesterov=rule == "sgd-nesterov")
         loss_sum.add_(task_loss)
 
-    def _steps(
-        self,
-        trainable: dict[str, torch.Tensor],
-        fixed: dict[str, torch.Tensor],
-        slots: dict[str, list[torch.Tensor]],
-        settings: dict[str, torch.Tensor],
-        count: torch.Tensor,
-        loss_sum: torch.Tensor,
-        rule: str,
-        stacked: Any,
-        first_idx: int,
-        num_steps: int,
-    ) -> None:
+    def _steps(self, state: StepState, stacked: Any, first_idx: int, num_steps: int) -> None:
         """``num_steps`` steps, one per batch of ``stacked`` (the batches stacked along a new first dimension), as
         :meth:`_step` runs them one by one."""
         for i in range(num_steps):
-            batch = tree_map(lambda leaf, i=i: leaf[i], stacked)
-            self._step(trainable, fixed, slots, settings, count, loss_sum, rule, batch, first_idx + i)
+            self._step(state, tree_map(lambda leaf, i=i: leaf[i], stacked), first_idx + i)
 
     def _loss(self, trainable, fixed, batch, batch_idx):
         loss, task_loss = functional_call(self.step, (trainable, fixed), (batch, batch_idx))

@@ -4,25 +4,12 @@ The reference is torch.optim itself: the same module, batches and settings train
 (``zero_grad``, ``backward``, ``step``), in fp64 so that any difference is a wrong update, not rounding.
 """
 
-import contextlib
-
 import pytest
 import torch
 from torch import nn
 
 from fedlight.engine.whole_step import WholeStep, whole_step_blocker
-
-
-class Precision:
-    """What the whole step uses of Fabric's precision plugin, for fp64 without autocast."""
-
-    scaler = None
-
-    def forward_context(self):
-        return contextlib.nullcontext()
-
-    def convert_input(self, batch):
-        return batch
+from fedlight.testing import PlainPrecision
 
 
 class Client(nn.Module):
@@ -74,7 +61,7 @@ def test_two_clients_fits_equal_torch_optim_with_a_fresh_optimizer_each(name):
     torch.manual_seed(0)
     compiled, eager = Client().double(), Client().double()
     eager.load_state_dict(compiled.state_dict())
-    step = WholeStep(compiled, lambda module, batch, outputs: outputs["loss"], Precision())
+    step = WholeStep(compiled, lambda module, batch, outputs: outputs["loss"], PlainPrecision())
     for client in range(2):  # the second client's optimizer state starts from zero again, as a new optimizer's
         data = batches(client)
         loss_sum, steps = step.run(make(compiled.parameters()), iter(data))
@@ -94,7 +81,7 @@ def test_batchnorm_statistics_and_a_frozen_layer_follow_the_eager_fit():
         module.net[0].requires_grad_(False)
     make = OPTIMIZERS["sgd-momentum-dampening-decay"]
     trainable = [p for p in compiled.parameters() if p.requires_grad]
-    step = WholeStep(compiled, lambda module, batch, outputs: outputs["loss"], Precision())
+    step = WholeStep(compiled, lambda module, batch, outputs: outputs["loss"], PlainPrecision())
     step.run(make(trainable), iter(batches(3)))
     eager_fit(eager, make([p for p in eager.parameters() if p.requires_grad]), batches(3))
     running_mean = compiled.net[1].running_mean
@@ -129,7 +116,7 @@ def test_several_steps_per_call_equal_the_eager_steps_in_fp64(name, steps_per_ca
     compiled, eager = IndexedClient().double(), IndexedClient().double()
     eager.load_state_dict(compiled.state_dict())
     step = WholeStep(
-        compiled, lambda module, batch, outputs: outputs["loss"], Precision(), steps_per_call=steps_per_call
+        compiled, lambda module, batch, outputs: outputs["loss"], PlainPrecision(), steps_per_call=steps_per_call
     )
     calls = []
     several = step.compiled_steps
@@ -153,7 +140,7 @@ def test_a_run_shorter_than_a_call_takes_calls_of_the_largest_powers_of_two():
     torch.manual_seed(3)
     compiled, eager = IndexedClient().double(), IndexedClient().double()
     eager.load_state_dict(compiled.state_dict())
-    step = WholeStep(compiled, lambda module, batch, outputs: outputs["loss"], Precision(), steps_per_call=8)
+    step = WholeStep(compiled, lambda module, batch, outputs: outputs["loss"], PlainPrecision(), steps_per_call=8)
     calls = []
     several = step.compiled_steps
     step.compiled_steps = lambda *args: calls.append(args[-1]) or several(*args)
@@ -169,19 +156,21 @@ def test_what_the_whole_step_does_not_compute_is_refused_with_the_reason():
     module = Client()
     params = list(module.parameters())
     sgd = torch.optim.SGD(params, lr=0.1)
-    assert whole_step_blocker(module, [sgd], [], Precision()) is None
-    assert "2 optimizers" in whole_step_blocker(module, [sgd, sgd], [], Precision())
+    assert whole_step_blocker(module, [sgd], [], PlainPrecision()) is None
+    assert "2 optimizers" in whole_step_blocker(module, [sgd, sgd], [], PlainPrecision())
     schedule = torch.optim.lr_scheduler.StepLR(sgd, 2)
-    assert "scheduler" in whole_step_blocker(module, [sgd], [schedule], Precision())
-    assert "RMSprop" in whole_step_blocker(module, [torch.optim.RMSprop(params)], [], Precision())
-    assert "amsgrad" in whole_step_blocker(module, [torch.optim.Adam(params, amsgrad=True)], [], Precision())
-    assert "maximize" in whole_step_blocker(module, [torch.optim.SGD(params, lr=0.1, maximize=True)], [], Precision())
+    assert "scheduler" in whole_step_blocker(module, [sgd], [schedule], PlainPrecision())
+    assert "RMSprop" in whole_step_blocker(module, [torch.optim.RMSprop(params)], [], PlainPrecision())
+    assert "amsgrad" in whole_step_blocker(module, [torch.optim.Adam(params, amsgrad=True)], [], PlainPrecision())
+    assert "maximize" in whole_step_blocker(
+        module, [torch.optim.SGD(params, lr=0.1, maximize=True)], [], PlainPrecision()
+    )
     mixed = torch.optim.SGD([{"params": params[:2], "nesterov": True, "momentum": 0.9}, {"params": params[2:]}], lr=0.1)
-    assert "differ in nesterov" in whole_step_blocker(module, [mixed], [], Precision())
+    assert "differ in nesterov" in whole_step_blocker(module, [mixed], [], PlainPrecision())
     part = torch.optim.SGD(params[:2], lr=0.1)
-    assert "exactly the module's trainable parameters" in whole_step_blocker(module, [part], [], Precision())
+    assert "exactly the module's trainable parameters" in whole_step_blocker(module, [part], [], PlainPrecision())
 
-    class Scaled(Precision):
+    class Scaled(PlainPrecision):
         scaler = torch.amp.GradScaler("cpu")
 
     assert "gradient scaler" in whole_step_blocker(module, [sgd], [], Scaled())
