@@ -12,11 +12,21 @@ Runs go to ``<out>/runs/<method>_alpha<α>/version_<n>/metrics.csv``; ``<out>/ta
 beside the paper's CIFAR-10 columns, and ``<out>/partition_alpha<α>.png`` the per-client class counts
 (Fig. 4) when matplotlib is installed. Several runs go in parallel (``--jobs``), one thread each.
 
+``--seeds`` repeats every run with ``seed_everything`` set to each seed (initial weights, client sampling, local
+batches; the data and their partition stay those of ``data.seed`` 0, so every seed sees the same federation and
+test images), each seed in its own folder ``<out>/seed<s>/``. ``table1.md`` then gives every method's mean ± sd
+over the seeds, the paired per-seed differences (each method − FedAvg, FedSLS − each method; mean ± standard
+error, ``benchmarks/paired.py``) and, for each of the paper's CIFAR-10 gaps FedSLS − method, the seeds a paired
+test would need to detect it at the spread measured here (two-sided α = 0.05, power 0.8). Without ``--seeds``
+one seed (0) runs, in ``<out>/`` itself.
+
 Commands (from the repository root)::
 
     python benchmarks/fedsls/table1.py                 # the reduced size CI runs
     python benchmarks/fedsls/table1.py --size medium   # 100 clients, 300 rounds: a ranking that means more
     python benchmarks/fedsls/table1.py --methods fedavg fedsls fedavgm fednova --alphas 0.05 --jobs 1
+    python benchmarks/fedsls/table1.py --seeds 0 1 2 3 4 --jobs 1   # paired differences over five seeds
+    python benchmarks/fedsls/table1.py --seeds 0 1 2 3 4 5 6 --table-only   # the table of seeds run separately
 
 The script exits with status 1 if a run failed, after writing the table from the runs that finished.
 """
@@ -24,6 +34,7 @@ The script exits with status 1 if a run failed, after writing the table from the
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -38,6 +49,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # this checkout's fedlight, in this process and the spawned workers
 sys.path.insert(0, str(REPO / "benchmarks"))
+from paired import paired, seeds_needed  # noqa: E402
 from run_files import latest_version, read_metrics  # noqa: E402
 
 ROWS = REPO / "conf" / "fedsls" / "cifar10"
@@ -127,10 +139,12 @@ COMMON = {
 }
 
 
-def overlay(method: str, alpha: str, size: str, rounds: int) -> str:
-    """The YAML of one run: its Table 1 row, the Scenes stand-in, the size preset."""
+def overlay(method: str, alpha: str, size: str, rounds: int, seed: int | None = None) -> str:
+    """The YAML of one run: its Table 1 row, the Scenes stand-in, the size preset (and ``seed_everything``)."""
     row, strategy = METHODS[method]
     lines = [f"config: {ROWS / f'{row}_alpha{alpha}.yaml'}", f"trainer.rounds: {rounds}"]
+    if seed is not None:
+        lines.append(f"seed_everything: {seed}")
     lines += [f"{key}: {_yaml(value)}" for key, value in {**COMMON, **SIZES[size]["overrides"]}.items()]
     # the whole dataset section: the stand-in replaces CIFAR-10
     lines += ["data.dataset:", "  class_path: fedlight.data.Scenes", "  init_args:"]
@@ -197,6 +211,84 @@ def partition_figures(out: Path, size: str, alphas: list[str]) -> None:
         figure.savefig(out / f"partition_alpha{alpha}.png", dpi=120, bbox_inches="tight")
 
 
+def final_accuracy(out: Path, name: str, last: int) -> float | None:
+    """The final accuracy (%) of a run: the mean test accuracy over its last ``last`` rounds; None if it failed."""
+    try:
+        acc = accuracies(out, name)
+    except (FileNotFoundError, ValueError):
+        return None
+    return 100 * float(np.mean(acc[-last:])) if acc else None
+
+
+def seeds_table(
+    out: Path, methods: list[str], alphas: list[str], seeds: list[int], last: int, seconds: dict[str, float]
+) -> str:
+    """Mean ± sd over seeds per method and α, the paired differences, and the seeds the paper's gaps would need."""
+    finals = {
+        (method, alpha, seed): final_accuracy(out / f"seed{seed}", f"{method}_alpha{alpha}", last)
+        for method in methods
+        for alpha in alphas
+        for seed in seeds
+    }
+
+    def values(method: str, alpha: str) -> list[float]:
+        return [finals[method, alpha, seed] for seed in seeds if finals[method, alpha, seed] is not None]
+
+    def differences(b: str, a: str, alpha: str) -> list[float]:
+        pairs = [(finals[b, alpha, s], finals[a, alpha, s]) for s in seeds]
+        return [x - y for x, y in pairs if x is not None and y is not None]
+
+    header = "| method | " + " | ".join(f"α = {a} (here, mean ± sd)" for a in alphas)
+    header += " | " + " | ".join(f"α = {a} (paper, CIFAR-10)" for a in alphas) + " | wall s |"
+    lines = [f"Per method, mean ± sample sd over seeds {', '.join(map(str, seeds))}:", "", header]
+    lines.append("|" + "---|" * (2 + 2 * len(alphas)))
+    for method in methods:
+        cells = []
+        for alpha in alphas:
+            v = values(method, alpha)
+            spread = f" ± {np.std(v, ddof=1):.2f}" if len(v) > 1 else ""
+            cells.append(f"{np.mean(v):.2f}{spread}" + (f" (n = {len(v)})" if len(v) != len(seeds) else "")
+                         if v else "failed")  # fmt: skip
+        for alpha in alphas:
+            paper = PAPER_CIFAR10.get(method, {}).get(alpha)
+            cells.append(f"{paper[0]:.2f} ± {paper[1]}" if paper else "–")
+        wall = sum(seconds.get(f"seed{s}/{method}_alpha{a}", math.nan) for s in seeds for a in alphas)
+        lines.append(
+            f"| {LABELS[method]} | " + " | ".join(cells) + (" | – |" if math.isnan(wall) else f" | {wall:.0f} |")
+        )
+
+    comparisons = [(m, "fedavg") for m in methods if m != "fedavg" and "fedavg" in methods]
+    comparisons += [("fedsls", m) for m in methods if m not in ("fedsls", "fedavg") and "fedsls" in methods]
+    if len(seeds) > 1 and comparisons:
+        lines += ["", "Paired per-seed differences B − A (points), mean ± standard error (sd, seeds):", ""]
+        lines.append("| B − A | " + " | ".join(f"α = {a}" for a in alphas) + " |")
+        lines.append("|" + "---|" * (1 + len(alphas)))
+        for b, a in comparisons:
+            cells = []
+            for alpha in alphas:
+                d = differences(b, alpha=alpha, a=a)
+                cells.append(str(paired(d)) if len(d) > 1 else "–")
+            lines.append(f"| {LABELS[b]} − {LABELS[a]} | " + " | ".join(cells) + " |")
+
+        lines += ["", "The paper's CIFAR-10 gaps FedSLS − method, and the seeds a paired test (two-sided α = 0.05, "
+                  "power 0.8) would need to detect a gap of that size at the sd of the differences measured here:",
+                  ""]  # fmt: skip
+        lines.append("| FedSLS − method | α | paper's gap | here | seeds needed |")
+        lines.append("|---|---|---|---|---|")
+        for method in methods:
+            if method == "fedsls" or "fedsls" not in methods:
+                continue
+            for alpha in alphas:
+                paper, ours = PAPER_CIFAR10.get(method, {}).get(alpha), PAPER_CIFAR10["fedsls"].get(alpha)
+                d = differences("fedsls", method, alpha)
+                if paper is None or ours is None or len(d) < 2:
+                    continue
+                gap, p = ours[0] - paper[0], paired(d)
+                needed = seeds_needed(gap, p.sd) if p.sd > 0 and gap != 0 else "–"
+                lines.append(f"| FedSLS − {LABELS[method]} | {alpha} | {gap:+.2f} | {p} | {needed} |")
+    return "\n".join(lines)
+
+
 def table(out: Path, methods: list[str], alphas: list[str], last: int, seconds: dict[str, float]) -> str:
     header = "| method | " + " | ".join(f"α = {a} (here)" for a in alphas)
     header += " | " + " | ".join(f"α = {a} (paper, CIFAR-10)" for a in alphas) + " | wall s |"
@@ -230,6 +322,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--last", type=int, help="rounds averaged for the final accuracy (default: the size's)")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel, one thread each")
     parser.add_argument("--out", type=Path, help="default: benchmarks/fedsls/out/<size>")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        help="seed_everything of each repetition, each in <out>/seed<s>/ (default: one run per cell, seed 0, in <out>)",
+    )
+    parser.add_argument(
+        "--table-only",
+        action="store_true",
+        help="run nothing: write table1.md from the runs already in <out> (e.g. seeds run by separate commands)",
+    )
     args = parser.parse_args(argv)
     preset = SIZES[args.size]
     rounds, last = args.rounds or preset["rounds"], args.last or preset["last"]
@@ -238,28 +341,42 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     jobs = []
-    for method in args.methods:
-        for alpha in args.alphas:
-            name = f"{method}_alpha{alpha}"
-            config = out / "configs" / f"{name}.yaml"
-            config.write_text(overlay(method, alpha, args.size, rounds))
-            jobs.append((config, out, name))
+    for seed in args.seeds or [None]:
+        root = out if seed is None else out / f"seed{seed}"
+        (root / "configs").mkdir(parents=True, exist_ok=True)
+        for method in args.methods:
+            for alpha in args.alphas:
+                name = f"{method}_alpha{alpha}"
+                config = root / "configs" / f"{name}.yaml"
+                if not args.table_only:
+                    config.write_text(overlay(method, alpha, args.size, rounds, seed))
+                jobs.append((config, root, name))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("WANDB_MODE", "disabled")
     seconds, failed = {}, []
+    timings = out / "seconds.json"  # every run's wall seconds, kept across commands writing into one <out>
+    if timings.is_file():
+        seconds.update(json.loads(timings.read_text()))
     context = get_context("spawn")  # fresh interpreters: no torch threads inherited from this one
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context, initializer=_init_worker) as pool:
-        for name, elapsed, error in pool.map(fit, *zip(*jobs, strict=True)):
-            seconds[name] = elapsed
-            print(f"{name}: {elapsed:.1f} s" + (" FAILED" if error else ""), flush=True)
+        runs = [] if args.table_only else pool.map(fit, *zip(*jobs, strict=True))
+        for (_, root, _), (name, elapsed, error) in zip(jobs, runs, strict=False):
+            key = name if root == out else f"{root.name}/{name}"
+            seconds[key] = elapsed
+            timings.write_text(json.dumps(seconds, indent=1))
+            print(f"{key}: {elapsed:.1f} s" + (" FAILED" if error else ""), flush=True)
             if error:
-                failed.append(name)
+                failed.append(key)
                 print(error, file=sys.stderr)
     partition_figures(out, args.size, args.alphas)
-    text = table(out, args.methods, args.alphas, last, seconds)
+    if args.seeds:
+        text = seeds_table(out, args.methods, args.alphas, args.seeds, last, seconds)
+    else:
+        text = table(out, args.methods, args.alphas, last, seconds)
+    timing = "the runs already there" if args.table_only else f"{time.perf_counter() - started:.0f} s wall"
     summary = (
         f"Final test accuracy (%): mean over the last {last} of {rounds} rounds, size '{args.size}', "
-        f"{time.perf_counter() - started:.0f} s wall with {args.jobs} jobs.\n\n{text}\n"
+        f"{timing} with {args.jobs} jobs.\n\n{text}\n"
     )
     (out / "table1.md").write_text(summary)
     print(summary)
