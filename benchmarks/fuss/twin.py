@@ -36,13 +36,17 @@ Every run writes ``per_image.csv`` (for ``fedlight compare``) and, with ``--figu
     python benchmarks/fuss/twin.py --reduced   # CI: 12 classes, 3 cities, 2 rounds, seed 0
     python benchmarks/fuss/twin.py --main-rows-only --backbone efficientnet_lite0 --seeds $(seq 0 23)   # ImageNet
     python benchmarks/fuss/twin.py --main-rows-only --moon --seeds 0 1 2 3 4 5 6 7   # + FedMOON as released
+    python benchmarks/fuss/twin.py --modes-only --seeds 0 1 2 --cache /tmp/modes   # Table 4's E and C rows
+    python benchmarks/fuss/twin.py --summarise /tmp/modes/scores.json benchmarks/fuss/paired_seeds.json  # paired
 
 ``--moon`` adds FedMOON as FUSS's released code runs it (``FedCCMOON(previous: averaged)``, which is FedAvg): once
 with the run's seed, and once with another training seed (dropout, sampled points, batch order) on the same data
 and initial model, the twin's counterpart of rerunning one method. After the table come the paired per-seed
 differences from FedAvg, mean ± standard error, and the seeds a difference of the paper's size would need at
-the spread measured (two-sided α = 0.05, power 0.8; ``benchmarks/paired.py``); every seed's scores go to
-``<cache>/scores.json``.
+the spread measured (two-sided α = 0.05, power 0.8; ``benchmarks/paired.py``), and each E or C row minus the
+same rule's W+E+C row and minus FedAvg in its mode, seed by seed; every seed's scores go to ``<cache>/scores.json``.
+``--summarise`` runs nothing and prints those tables for scores.json files merged seed by seed: a ``--modes-only``
+run's E and C rows with the W+E+C rows of the same seeds from another run (``paired_seeds.json``).
 """
 
 from __future__ import annotations
@@ -203,6 +207,47 @@ def one_seed(args, seed: int) -> tuple[dict[str, list[float]], FederatedTrainer]
     return scores, trainer
 
 
+def summarise(per_seed: dict[str, dict[str, list[float]]]) -> None:
+    """Prints the tables of a run's (or merged runs') scores: per row the mean ± sample std over the seeds that hold
+    it; each W+E+C row minus FedAvg (W+E+C), seed by seed; and each E or C row minus the same rule's W+E+C row and
+    minus FedAvg in the same mode, seed by seed (mean ± standard error, ``benchmarks/paired.py``)."""
+    rows = list(dict.fromkeys(name for scores in per_seed.values() for name in scores))
+    print(f"\nmean ± sample std over seeds {', '.join(per_seed)} (%; n: seeds holding the row)")
+    print("\n| run | n | mIoU | acc | linear-probe mIoU |\n|---|---|---|---|---|")
+    for name in rows:
+        values = np.array([scores[name] for scores in per_seed.values() if name in scores])  # [seeds, 3]
+        spread = values.std(axis=0, ddof=1) if len(values) > 1 else np.zeros(3)
+        cells = [f"{m:.2f} ± {s:.2f}" for m, s in zip(values.mean(axis=0), spread, strict=True)]
+        print(f"| {name} | {len(values)} | " + " | ".join(cells) + " |")
+
+    def differences(b: str, a: str) -> list[float]:
+        """mIoU of row b minus row a, per seed holding both."""
+        return [scores[b][0] - scores[a][0] for scores in per_seed.values() if a in scores and b in scores]
+
+    if any(len(differences(name, "FedAvg (W+E+C)")) > 1 for name in PAPER_DELTA):
+        print("\n| B − FedAvg (mIoU) | paper δ | per seed | mean ± se (sd) | seeds for δ (α 0.05, power 0.8) |")
+        print("|---|---|---|---|---|")
+        for name, delta in PAPER_DELTA.items():
+            if len(d := differences(name, "FedAvg (W+E+C)")) > 1:
+                p = paired(d)
+                needed = seeds_needed(delta, p.sd) if p.sd > 0 else "–"
+                print(f"| {name} | {delta:+.2f} | {', '.join(f'{x:+.2f}' for x in d)} | {p} | {needed} |")
+
+    modes = [(f"{rule} ({mode})", f"{rule} (W+E+C)", f"FedAvg ({mode})")
+             for rule in ("FedAvg", "FedCC-kMeans", "FedCC-Maximin") for mode in ("E", "C")]  # fmt: skip
+    if any(len(differences(row, whole)) > 1 for row, whole, _ in modes):
+        print("\n| row (mIoU) | minus the rule's W+E+C: mean ± se (sd) | above | minus FedAvg in its mode | above |")
+        print("|---|---|---|---|---|")
+        for row, whole, fedavg in modes:
+            cells = []
+            for other in (whole, fedavg):
+                d = differences(row, other)
+                above = f"{sum(x > 0 for x in d)} of {len(d)}"
+                cells += ["–", "–"] if row == other or len(d) < 2 else [str(paired(d)), above]
+            if len(differences(row, whole)) > 1:
+                print(f"| {row} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reduced", action="store_true", help="CI size: 12 classes, 3 cities, 2 rounds, 1 seed")
@@ -231,7 +276,16 @@ def main() -> None:
                         "run's seed and with another training seed")  # fmt: skip
     parser.add_argument("--crf", action="store_true", help="refine the scores by a dense CRF (pip install pydensecrf2)")
     parser.add_argument("--figures", action="store_true", help="draw every W+E+C run's centroids (centroids.png)")
+    parser.add_argument("--summarise", nargs="+", type=Path, help="run nothing: print the tables of these scores.json "
+                        "files merged seed by seed (e.g. a --modes-only run's and paired_seeds.json)")  # fmt: skip
     args = parser.parse_args()
+    if args.summarise:
+        merged: dict[str, dict[str, list[float]]] = {}
+        for file in args.summarise:
+            for seed, scores in json.loads(file.read_text()).items():
+                merged.setdefault(seed, {}).update(scores)
+        summarise(dict(sorted(merged.items(), key=lambda item: int(item[0]))))
+        return
     steps, rounds = args.steps, args.rounds
     torch.set_num_threads(1)
     if args.reduced:
@@ -254,23 +308,7 @@ def main() -> None:
         (Path(args.cache) / "scores.json").write_text(
             json.dumps(dict(zip(map(str, seeds), per_seed, strict=False)), indent=1)
         )
-    print(f"\nmean ± sample std over seeds {seeds} (%)")
-    print("\n| run | mIoU | acc | linear-probe mIoU |\n|---|---|---|---|")
-    for name in per_seed[0]:
-        values = np.array([scores[name] for scores in per_seed])  # [seeds, 3]
-        spread = values.std(axis=0, ddof=1) if len(values) > 1 else np.zeros(3)
-        cells = [f"{m:.2f} ± {s:.2f}" for m, s in zip(values.mean(axis=0), spread, strict=True)]
-        print(f"| {name} | " + " | ".join(cells) + " |")
-
-    if "FedAvg (W+E+C)" in per_seed[0] and len(seeds) > 1:
-        print("\n| B − FedAvg (mIoU) | paper δ | per seed | mean ± se (sd) | seeds for δ (α 0.05, power 0.8) |")
-        print("|---|---|---|---|---|")
-        for name, delta in PAPER_DELTA.items():
-            if name in per_seed[0]:
-                d = [scores[name][0] - scores["FedAvg (W+E+C)"][0] for scores in per_seed]
-                p = paired(d)
-                needed = seeds_needed(delta, p.sd) if p.sd > 0 else "–"
-                print(f"| {name} | {delta:+.2f} | {', '.join(f'{x:+.2f}' for x in d)} | {p} | {needed} |")
+    summarise(dict(zip(map(str, seeds), per_seed, strict=True)))
 
     cache = trainer.run.callbacks[0].cache
     print(f"\nfeature cache: {cache.nbytes / 2**20:.2f} MiB for {len(cache.stores)} clients "
