@@ -2,8 +2,9 @@
 
 Runs rows of ``conf/ladd/twin/`` with the ``fedlight`` command in this process: the source pre-trainings (no
 FDA, FDA windows 1×1, 3×3, 5×5: Table 6 and the first rows of Table 5), then the federated rows of Table 5 (ST,
-FDA+ST, +KD, +KD+SWAt, +KD+Clu, everything) and Table 7 (cluster-specific BN, backbone, classifier, all), each
-from its pre-training's checkpoint. Every run is summarised as LADD reports it: the mean ± std over the last
+FDA+ST, +KD, +KD+SWAt, +KD+Clu, ST+KD+SWAt+Clu without FDA, everything) and Table 7 (cluster-specific BN,
+backbone, classifier, all), each from its pre-training's checkpoint, and Table 3's MCD baselines (FL-UDA and
+centralized), which train from scratch. Every run is summarised as LADD reports it: the mean ± std over the last
 10 % of rounds of the per-round test mIoU, for the global model and for the style-routed cluster models, with
 the style-clustering accuracy (each cluster labelled with its majority city). Over several seeds (data and
 training), a row's table entry is the mean ± std over seeds of those tail means. A full run of the default rows
@@ -59,23 +60,28 @@ CONF = REPO / "conf/ladd/twin"
 RESULTS = REPO / "benchmarks/ladd/results"
 PRETRAINING = ["source_only", "pretrain_fda_1x1", "pretrain_fda", "pretrain_fda_5x5", "table8_source_only",
                "table8_pretrain_fda"]  # fmt: skip
-FEDERATED = ["st", "fedavg_st", "fda_st_kd", "fda_st_kd_swat", "fda_st_kd_clu", "ladd_all", "ladd_bn", "ladd_backbone",
-             "ladd_cls", "table8_ladd"]  # fmt: skip
+FEDERATED = ["st", "fedavg_st", "fda_st_kd", "fda_st_kd_swat", "fda_st_kd_clu", "st_kd_swat_clu", "ladd_all", "ladd_bn",
+             "ladd_backbone", "ladd_cls", "table8_ladd"]  # fmt: skip
+#: rows trained from scratch, without a pre-training: Table 3's MCD baselines, whose labelled source (the
+#: pre-training's) is drawn with the run's seed as the data are
+FROM_SCRATCH = ["mcd_fl_uda", "mcd_centralized"]
 #: the pre-training a federated row starts from, where it is not ``pretrain_fda``
-SOURCE = {"st": "source_only", "table8_ladd": "table8_pretrain_fda"}
+SOURCE = {"st": "source_only", "st_kd_swat_clu": "source_only", "table8_ladd": "table8_pretrain_fda"}
 #: the style pool each FDA pre-training writes in its seed's folder
 STYLE_FILES = {"pretrain_fda_1x1": "styles_b0.pt", "pretrain_fda": "styles_b1.pt", "pretrain_fda_5x5": "styles_b2.pt",
                "table8_pretrain_fda": "styles_cities_b1.pt"}  # fmt: skip
 #: the order rows run in: the federated rows need only the first two pre-trainings; Table 6's other windows last
 ORDER = ["source_only", "pretrain_fda", "fedavg_st", "fda_st_kd", "fda_st_kd_swat", "ladd_all", "ladd_cls", "st",
-         "fda_st_kd_clu", "ladd_bn", "ladd_backbone", "pretrain_fda_1x1", "pretrain_fda_5x5"]  # fmt: skip
+         "fda_st_kd_clu", "st_kd_swat_clu", "ladd_bn", "ladd_backbone", "pretrain_fda_1x1", "pretrain_fda_5x5",
+         "mcd_fl_uda", "mcd_centralized"]  # fmt: skip
 #: the rows run over several seeds: Table 5's main steps and Table 7
 MAIN = ["source_only", "pretrain_fda", "fedavg_st", "fda_st_kd", "fda_st_kd_swat", "ladd_bn", "ladd_backbone",
         "ladd_cls", "ladd_all"]  # fmt: skip
-#: the paper's CrossCity mIoU % of each row (Tables 5, 6 and 7; a cluster row's is its routed score)
+#: the paper's CrossCity mIoU % of each row (Tables 3, 5, 6 and 7; a cluster row's is its routed score)
 PAPER = {"source_only": 26.49, "pretrain_fda_1x1": 31.59, "pretrain_fda": 32.43, "pretrain_fda_5x5": 32.51,
          "st": 30.58, "fedavg_st": 33.59, "fda_st_kd": 37.49, "fda_st_kd_swat": 38.83, "fda_st_kd_clu": 39.18,
-         "ladd_bn": 38.72, "ladd_backbone": 39.31, "ladd_cls": 39.87, "ladd_all": 40.09}  # fmt: skip
+         "st_kd_swat_clu": 32.78, "ladd_bn": 38.72, "ladd_backbone": 39.31, "ladd_cls": 39.87, "ladd_all": 40.09,
+         "mcd_fl_uda": 24.80, "mcd_centralized": 27.15}  # fmt: skip
 #: Table 8's rows: the paper's per-city mIoU % (Rio, Rome, Taipei, Tokyo) and their average, on CrossCity in [72]'s
 #: four-client split (the source-only row is [72]'s own model)
 PAPER_TABLE8 = {"table8_source_only": (27.9, 27.6, 26.0, 28.2, 27.4), "table8_ladd": (35.4, 34.0, 31.5, 32.4, 33.3)}
@@ -86,6 +92,7 @@ REDUCED_PRETRAINING = ["--trainer.rounds=3", "--data.dataset.init_args.num_sourc
                        "--data.dataset.init_args.num_test_per_city=10"]  # fmt: skip
 REDUCED_FEDERATED = ["--trainer.rounds=4", "--trainer.clients_per_round=4",
                      "--data.dataset.init_args.num_test_per_city=10"]  # fmt: skip
+REDUCED_FROM_SCRATCH = ["--trainer.rounds=3", "--data.dataset.init_args.num_test_per_city=10"]
 NO_SWA = {"st", "fedavg_st", "fda_st_kd", "fda_st_kd_clu"}  # rows without an SWA teacher
 #: ``--code-behaviours``: what LADD's released code does where it departs from the paper (docs/ladd.md)
 #: (A, B): B − A per seed, compared with the paper's B − A on CrossCity (Tables 5–7)
@@ -140,7 +147,11 @@ def run_row(
     if row in STYLE_FILES:  # the style pools are written next to the runs
         args.append(f"--data.train_transform.init_args.style_file={out}/{STYLE_FILES[row]}")
         args.append(f"--data.train_transform.init_args.target.init_args.seed={seed}")  # the same clients' styles
-    if reduced:
+    if row in FROM_SCRATCH:  # MCD's labelled source comes from the seed's world, as the data do
+        args.append(f"--model.init_args.source.init_args.seed={seed}")
+    if reduced and row in FROM_SCRATCH:
+        args += REDUCED_FROM_SCRATCH
+    elif reduced:
         args += REDUCED_FEDERATED if row in FEDERATED else REDUCED_PRETRAINING
         args += [] if row in NO_SWA or row not in FEDERATED else ["--strategy.init_args.swa_start=2"]
     if row in FEDERATED:
