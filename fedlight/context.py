@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
     from fedlight.bank import ModelBank
     from fedlight.data.datamodule import FederatedDataModule
-    from fedlight.engine.run import Run
     from fedlight.plans import ClientPlan
     from fedlight.state import FlatState
 
@@ -54,7 +53,7 @@ class RunContext:
         run: the trainer's :class:`~fedlight.engine.run.Run`. It is held privately: hooks use the names below.
     """
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Any) -> None:
         self._run = run
 
     # -- the run ---------------------------------------------------------------------------------------

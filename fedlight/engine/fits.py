@@ -25,13 +25,15 @@ from fedlight.engine.local_fit import LocalTraining, all_finite
 from fedlight.errors import ConfigError, error_line
 from fedlight.gather import ClientStates
 from fedlight.plans import ClientPlan, ClientUpdate
+from fedlight.strategies.functional import straggler_plan
 
 if TYPE_CHECKING:
     from lightning.fabric import Fabric
 
-    from fedlight.engine.config import BatchingSettings
+    from fedlight.engine.config import BatchingSettings, RoundSettings
     from fedlight.engine.console import RunConsole
     from fedlight.engine.stopping import StopRequest
+    from fedlight.strategies.base import Strategy
 
 Fit = tuple[ClientUpdate, torch.Tensor | None]
 
@@ -269,3 +271,15 @@ def _merge_max(into: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> N
     """Keeps, for every integer buffer, the largest value seen (``num_batches_tracked`` is copied, not averaged)."""
     for name, value in new.items():
         into[name] = torch.maximum(into[name], value) if name in into else value
+
+
+def round_plans(
+    strategy: Strategy, num_samples: np.ndarray, loop: RoundSettings, rng: np.random.Generator
+) -> list[ClientPlan]:
+    """K^t from the strategy and the δ-fraction of stragglers, all drawn from the round's generator ``rng``."""
+    clients = strategy.sample_clients(num_samples, loop.clients_per_round, rng)
+    stragglers, epochs = straggler_plan(len(clients), loop.straggler_fraction, loop.local_epochs, rng)
+    return [
+        ClientPlan(int(c), int(e), bool(s), dropped=bool(s) and not strategy.tolerate_stragglers)
+        for c, e, s in zip(clients, epochs, stragglers, strict=True)
+    ]

@@ -11,13 +11,8 @@ With ``--trainer.compile_steps``, a client's whole step (the client's ``training
 train the same resident module. A fit whose optimizer the whole step does not compute (another optimizer, several,
 a scheduler) compiles only the forward pass and loss; its backward pass runs through the compiled graph's own
 backward and the optimizer stays eager. The console says once which one runs, and why.
-
-``--trainer.compile_steps=auto`` decides after the run's first fit, which runs eagerly and is timed: compiling
-pays back only when the eager steps it replaces take long enough. The whole step ran at 1.3–1.9× the eager
-loop on small networks on a CPU (``benchmarks/speed/README.md``), while compiling a small CNN took up to a few
-minutes on a loaded 2-core CPU without a warm compiler cache; so ``auto`` compiles when the whole step can run
-and the rest of the run's fits, timed as the first, would take at least :data:`AUTO_MIN_EAGER_S` seconds eagerly,
-at which a 1.5× step saves several minutes. The console says which it chose and on what estimate.
+``--trainer.compile_steps=auto`` times the run's first fit eagerly and compiles the rest only when that pays
+(:func:`~fedlight.engine.whole_step.auto_choice`).
 """
 
 from __future__ import annotations
@@ -33,7 +28,7 @@ import torch
 
 from fedlight.clients.base import LocalFit, ManualSteps
 from fedlight.engine.streams import RandomStreams, seed_torch
-from fedlight.engine.whole_step import WholeStep, allow_recompiles, compile_cost, whole_step_blocker
+from fedlight.engine.whole_step import WholeStep, allow_recompiles, auto_choice, compile_cost, whole_step_blocker
 from fedlight.errors import ConfigError, error_line
 from fedlight.plans import ClientPlan, ClientUpdate
 
@@ -48,9 +43,6 @@ if TYPE_CHECKING:
     from fedlight.strategies.base import Strategy
 
 LossFn = Callable[[Any, Any, dict[str, torch.Tensor]], torch.Tensor]
-
-#: ``compile_steps=auto`` compiles when the run's remaining fits would take this many seconds or more eagerly
-AUTO_MIN_EAGER_S = 600.0
 
 
 class LocalTraining:
@@ -85,8 +77,7 @@ class LocalTraining:
         self.model, self.datamodule, self.strategy, self.context = model, datamodule, strategy, context
         self.fabric, self.streams, self.settings = fabric, streams, settings
         self.precision = fabric.strategy.precision
-        self.compile_steps = compile_steps
-        self.steps_per_call = steps_per_call
+        self.compile_steps, self.steps_per_call = compile_steps, steps_per_call
         #: prints one line on the run's console (which compiled step runs, and why); the run's console sets it
         self.say: Callable[[str], None] = lambda line: None
         self._compiled: Callable | None = None  # the rounds' compiled forward and loss, built on first use
@@ -282,27 +273,14 @@ class LocalTraining:
     def _decide(
         self, round_idx: int, seconds: float, steps: int, module: FederatedClient, optimizers: list, schedulers: list
     ) -> None:
-        """``compile_steps=auto``: compile the rest of the run's fits when they can take the whole step and would
-        take :data:`AUTO_MIN_EAGER_S` seconds or more eagerly, judged by the first fit's time; says which."""
-        settings = self.settings
-        per_process = math.ceil(settings.clients_per_round / self.fabric.world_size)
-        fits_left = max((settings.rounds - round_idx) * per_process - 1, 0)
-        eager_s = seconds * fits_left
+        """``compile_steps=auto``'s choice after the first fit (:func:`auto_choice`), said on the console."""
+        per_process = math.ceil(self.settings.clients_per_round / self.fabric.world_size)
+        fits_left = max((self.settings.rounds - round_idx) * per_process - 1, 0)
         blocker = whole_step_blocker(module, optimizers, schedulers, self.precision)
         if blocker is None and not self.strategy.loss_is_traceable():
             blocker = f"{type(self.strategy).__name__}'s training_loss may use parameters it kept (loss_is_traceable)"
-        self.auto_compiles = blocker is None and eager_s >= AUTO_MIN_EAGER_S
-        estimate = (
-            f"the first fit took {seconds:.2f} s for {steps} steps, so the run's other {fits_left} fits on this "
-            f"process would take about {eager_s / 60:.1f} min eagerly"
-        )
-        if blocker is not None:
-            choice = f"steps stay eager, because the whole step cannot run: {blocker}"
-        elif self.auto_compiles:
-            choice = f"at least {AUTO_MIN_EAGER_S / 60:.0f} min, enough to repay compiling: the steps are compiled"
-        else:
-            choice = f"less than the {AUTO_MIN_EAGER_S / 60:.0f} min it takes to repay compiling: the steps stay eager"
-        self.say(f"fedlight: --trainer.compile_steps=auto: {estimate}; {choice}.")
+        self.auto_compiles, sentence = auto_choice(seconds, steps, fits_left, blocker)
+        self.say(f"fedlight: --trainer.compile_steps=auto: {sentence}.")
 
     def compiled_step(self, module: FederatedClient, loss_fn: LossFn) -> Callable:
         """The step's forward pass and loss compiled with ``torch.compile``, once per run.

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fedlight import checkpoint as ckpt_io
+from fedlight.engine.console import counted
 from fedlight.engine.stopping import round_start
 from fedlight.errors import ConfigError, RunInterrupted
 
@@ -239,3 +240,21 @@ def drop_round(
     progress.round = progress.saved_round = round_idx
     name = progress.stop.requested or "SIGTERM"  # no name here: another process received the signal
     return RunInterrupted(name, path.absolute(), round_idx, saved=True, dropped=True)
+
+
+def rounds_left(ckpt_path: str | Path, state: dict[str, Any], rounds: int) -> bool:
+    """Whether a resume from ``state`` has rounds to run under ``--trainer.rounds``; refuses one whose checkpoint
+    holds more rounds than that."""
+    done = int(state["round"])
+    if done > rounds:
+        raise ConfigError(
+            f"--ckpt_path {ckpt_path} holds {counted(done, 'round')}, more than --trainer.rounds={rounds}: there "
+            f"is nothing to resume. Pass --trainer.rounds above {done} to continue the run, or score it with "
+            "fedlight validate / test."
+        )
+    return done < rounds
+
+
+def planned_rounds(state: dict[str, Any]) -> int | None:
+    """``trainer.rounds`` of the configuration a checkpoint was written with, if it holds one."""
+    return ((state.get("config") or {}).get("trainer") or {}).get("rounds")

@@ -34,7 +34,7 @@ from fedlight.engine.config import (
     RoundSettings,
     TrainerSettings,
 )
-from fedlight.engine.console import RunConsole, counted
+from fedlight.engine.console import RunConsole
 from fedlight.engine.evaluation import Evaluator
 from fedlight.engine.fits import RoundFits
 from fedlight.engine.guards import FailureGuards
@@ -43,7 +43,7 @@ from fedlight.engine.local_fit import LocalTraining
 from fedlight.engine.loggers import RunLoggers, wandb_login_problems
 from fedlight.engine.model import GlobalModel, load_outside_weights, prepare_module, probe_forward, trains_batchnorm
 from fedlight.engine.personal import PersonalEvaluator
-from fedlight.engine.run_state import RunProgress, check_checkpoint, python_config
+from fedlight.engine.run_state import RunProgress, check_checkpoint, planned_rounds, python_config, rounds_left
 from fedlight.engine.rundir import RunFolder, check_root, recorded_run_dir
 from fedlight.errors import ConfigError
 from fedlight.state import FlatState
@@ -146,24 +146,6 @@ def check_round_size(strategy: Any, clients_per_round: int, straggler_fraction: 
         )
     if problems:
         raise ConfigError(*problems)
-
-
-def rounds_left(ckpt_path: str | Path, state: dict[str, Any], rounds: int) -> bool:
-    """Whether a resume from ``state`` has rounds to run under ``--trainer.rounds``; refuses one whose checkpoint
-    holds more rounds than that."""
-    done = int(state["round"])
-    if done > rounds:
-        raise ConfigError(
-            f"--ckpt_path {ckpt_path} holds {counted(done, 'round')}, more than --trainer.rounds={rounds}: there "
-            f"is nothing to resume. Pass --trainer.rounds above {done} to continue the run, or score it with "
-            "fedlight validate / test."
-        )
-    return done < rounds
-
-
-def planned_rounds(state: dict[str, Any]) -> int | None:
-    """``trainer.rounds`` of the configuration a checkpoint was written with, if it holds one."""
-    return ((state.get("config") or {}).get("trainer") or {}).get("rounds")
 
 
 @dataclass

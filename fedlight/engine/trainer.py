@@ -37,7 +37,7 @@ from fedlight.data.datamodule import FederatedDataModule
 from fedlight.engine.config import CompileMode, LoggerName, Precision, StartMethod, WandbMode
 from fedlight.engine.console import RunConsole, counted
 from fedlight.engine.evaluation import format_scores
-from fedlight.engine.fits import round_counts
+from fedlight.engine.fits import round_counts, round_plans
 from fedlight.engine.guards import RoundAbandoned, disk_full
 from fedlight.engine.hooks import Failure, call_callbacks, callback_error
 from fedlight.engine.launch import run_fabric
@@ -50,9 +50,7 @@ from fedlight.engine.stopping import StopRequest, serialised, stopped_at_once
 from fedlight.engine.streams import RandomStreams
 from fedlight.errors import RunInterrupted
 from fedlight.metrics.scalars import scalar_metrics
-from fedlight.plans import ClientPlan
 from fedlight.strategies.base import Strategy
-from fedlight.strategies.functional import straggler_plan
 
 
 class FederatedTrainer:
@@ -422,7 +420,7 @@ class FederatedTrainer:
         """Plan → local fit → aggregate; returns the round's training metrics."""
         run = self.run
         model, strategy, pieces = run.model, run.strategy, run.pieces
-        plans = self._plan(round_idx)
+        plans = round_plans(strategy, run.datamodule.num_samples, run.settings.loop, run.streams.round_rng(round_idx))
         run.progress.plans = plans  # for hooks that look at the round's clients (e.g. MMD over K^t)
         strategy.on_round_start(self.context, round_idx, plans)
         updates, sums, states, integers = pieces.fits.run(round_idx, plans, run.progress.stop)
@@ -441,17 +439,6 @@ class FederatedTrainer:
             **round_counts(plans, updates, aggregated),
             **strategy.on_round_end(self.context, round_idx, aggregated),
         }
-
-    def _plan(self, round_idx: int) -> list[ClientPlan]:
-        """K^t from the strategy and the δ-fraction of stragglers, all drawn from the round's stream."""
-        run = self.run
-        settings, rng, strategy = run.settings.loop, run.streams.round_rng(round_idx), run.strategy
-        clients = strategy.sample_clients(run.datamodule.num_samples, settings.clients_per_round, rng)
-        stragglers, epochs = straggler_plan(len(clients), settings.straggler_fraction, settings.local_epochs, rng)
-        return [
-            ClientPlan(int(c), int(e), bool(s), dropped=bool(s) and not strategy.tolerate_stragglers)
-            for c, e, s in zip(clients, epochs, stragglers, strict=True)
-        ]
 
     # -- the console and callback failures ------------------------------------------------------------
     def _start_console(self) -> RunConsole:

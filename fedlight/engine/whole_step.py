@@ -327,6 +327,35 @@ def adam_update(
     p.sub_(step_size * m / denom)
 
 
+#: ``compile_steps=auto`` compiles when the run's remaining fits would take this many seconds or more eagerly
+AUTO_MIN_EAGER_S = 600.0
+
+
+def auto_choice(seconds: float, steps: int, fits_left: int, blocker: str | None) -> tuple[bool, str]:
+    """Whether ``--trainer.compile_steps=auto`` compiles the rest of a run whose first fit took ``seconds`` for
+    ``steps`` steps eagerly, with ``fits_left`` fits to go on this process, and the sentence that says why.
+
+    Compiling pays back only when the eager steps it replaces take long enough: the whole step ran at 1.3–2.3× the
+    eager loop on small networks on a CPU (``benchmarks/speed/README.md``), while compiling took one to two
+    minutes there without a warm compiler cache. So it compiles when the whole step can run (``blocker`` None)
+    and the remaining fits, timed as the first, would take :data:`AUTO_MIN_EAGER_S` seconds or more eagerly.
+    """
+    eager_s = seconds * fits_left
+    compiles = blocker is None and eager_s >= AUTO_MIN_EAGER_S
+    estimate = (
+        f"the first fit took {seconds:.2f} s for {steps} steps, so the run's other {fits_left} fits on this process "
+        f"would take about {eager_s / 60:.1f} min eagerly"
+    )
+    minutes = f"{AUTO_MIN_EAGER_S / 60:.0f} min"
+    if blocker is not None:
+        choice = f"steps stay eager, because the whole step cannot run: {blocker}"
+    elif compiles:
+        choice = f"at least {minutes}, enough to repay compiling: the steps are compiled"
+    else:
+        choice = f"less than the {minutes} it takes to repay compiling: the steps stay eager"
+    return compiles, f"{estimate}; {choice}"
+
+
 def compile_cost() -> str:
     """What compiling costs and where its work is kept, said before the first compiled step runs."""
     folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR")

@@ -98,9 +98,9 @@ def test_auto_keeps_a_short_run_eager_and_says_on_what_estimate(capsys):
 
 
 def test_auto_compiles_a_run_long_enough_to_repay_it(monkeypatch, capsys):
-    from fedlight.engine import local_fit
+    from fedlight.engine import whole_step
 
-    monkeypatch.setattr(local_fit, "AUTO_MIN_EAGER_S", 0.0)  # any run is long enough
+    monkeypatch.setattr(whole_step, "AUTO_MIN_EAGER_S", 0.0)  # any run is long enough
     eager = run("mlp", FedProx(mu=0.5), "64-true", False)
     auto = run("mlp", FedProx(mu=0.5), "64-true", "auto")
     training = auto.run.pieces.training
@@ -110,9 +110,9 @@ def test_auto_compiles_a_run_long_enough_to_repay_it(monkeypatch, capsys):
 
 
 def test_auto_keeps_a_fit_the_whole_step_cannot_take_eager(monkeypatch, capsys):
-    from fedlight.engine import local_fit
+    from fedlight.engine import whole_step
 
-    monkeypatch.setattr(local_fit, "AUTO_MIN_EAGER_S", 0.0)
+    monkeypatch.setattr(whole_step, "AUTO_MIN_EAGER_S", 0.0)
     auto = run("mlp", FedAvg(), "64-true", "auto", optimizer=with_schedule)
     training = auto.run.pieces.training
     assert training.auto_compiles is False and training._compiled is None
