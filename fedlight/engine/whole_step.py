@@ -155,6 +155,7 @@ class WholeStep:
         state = StepState(trainable, fixed, slots, settings, self._count, self._loss_sum, rule)
         steps = 0
         pending: list[Any] = []  # batches of one shape waiting to fill a call of several steps
+        pending_shape = None  # their shapes (_shapes)
         for batch in batches:
             batch = self.precision.convert_input(batch)
             if self.compiled_steps is None:
@@ -162,12 +163,14 @@ class WholeStep:
                 steps += 1
                 self.steps_run += 1
                 continue
-            if pending and _shapes(batch) != _shapes(pending[0]):
+            shape = _shapes(batch)  # flattened once per batch
+            if pending and shape != pending_shape:
                 steps = self._flush(state, pending, steps)
-            if _shapes(batch) is None:  # a batch with other leaves than tensors cannot be stacked
+            if shape is None:  # a batch with other leaves than tensors cannot be stacked
                 steps = self._flush(state, [batch], steps)
                 continue
             pending.append(batch)
+            pending_shape = shape
             if len(pending) == self.steps_per_call:
                 steps = self._flush(state, pending, steps)
         steps = self._flush(state, pending, steps)
