@@ -438,7 +438,7 @@ def run_fedlight(
         client_batching=1024 if batched else None,  # vectorised, whatever auto's cost model would choose
         compile_batched=batched,
         compile_steps=compile_steps,
-        steps_per_call=args.steps_per_call if compile_steps else 1,
+        steps_per_call=args.steps_per_call if compile_steps or batched else 1,
     )
     # Stage clocks around the engine's own steps (this child process runs one engine, so its classes are patched).
     for stage, owner, method in [
@@ -909,7 +909,8 @@ def parse_args(work: Workload, doc: str) -> argparse.Namespace:
         "--steps-per-call",
         type=int,
         default=1,
-        help="the compiled engine's steps of equal-shape batches per compiled call (--trainer.steps_per_call)",
+        help="the compiled and batched engines' steps of equal-shape batches per compiled call "
+        "(--trainer.steps_per_call)",
     )
     parser.add_argument(
         "--start-method",
@@ -1009,6 +1010,7 @@ def main(work: Workload, script: str, doc: str) -> dict[str, Any] | None:
     labels |= {"flower1": "Flower ×1", "flower2": "Flower ×2", "batched1": "batched ×1", "compiled1": "compiled ×1"}
     if args.steps_per_call > 1:
         labels["compiled1"] = f"compiled ×1, {args.steps_per_call} steps per call"
+        labels["batched1"] = f"batched ×1, {args.steps_per_call} steps per call"
     labels |= {"pfl1": "pfl ×1"}
     results = {key: summarise(labels.get(key, key), value) for key, value in reports.items()}
     summary = print_report(work, args, results)

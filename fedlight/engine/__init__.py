@@ -10,6 +10,7 @@
 ``local_fit``          one client's fit on the resident module; the local training loop
 ``whole_step``         a client's forward, loss, backward and update compiled as one graph
 ``batched``            clients trained together as one vectorised model
+``stacked``            the stacked clients' optimizer state, and their update inside the compiled step
 ``aggregation``        W^{t+1} from the streamed sums or the gathered states
 ``evaluation``         the global model on the held-out splits and the test set
 ``guards``             failed, non-finite and outsized clients; a diverged global model

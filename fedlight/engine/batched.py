@@ -33,7 +33,6 @@ hooks on the module (a proximal term, MOON, teachers).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,6 +40,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from fedlight.engine.stacked import InGraphUpdate, compact, restore
+from fedlight.engine.whole_step import allow_recompiles
 from fedlight.state import FlatState
 from fedlight.strategies.base import Strategy
 
@@ -141,12 +142,23 @@ class BatchedLocalFit:
         module: the resident client module (its parameters are read for names and shapes only).
         layout: its federated layout (every entry a parameter: see :func:`batching_blocker`).
         precision: Fabric's precision plugin (``convert_input``, ``forward_context``).
+        compile: compile the vectorised step (``compile_batched``).
+        whole_step: compiled, compute the optimizer's update in the same graph (``fedlight/engine/stacked.py``).
+        steps_per_call: with the update in the graph, stacked steps of full batches per compiled call.
     """
 
     #: Clients still training when they finish on the resident module instead (see the module's docstring).
     sequential_below: int = 1
 
-    def __init__(self, module: nn.Module, layout: FlatState, precision: Any, compile: bool = False) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        layout: FlatState,
+        precision: Any,
+        compile: bool = False,
+        whole_step: bool = False,
+        steps_per_call: int = 1,
+    ) -> None:
         self.layout = layout
         self.precision = precision
         named = dict(module.named_parameters())
@@ -155,13 +167,15 @@ class BatchedLocalFit:
         self.dtype = next(module.parameters()).dtype  # the module's weights (fp64 under 64-true)
         self.step = _TrainingStep(module)
         self._grads = vmap(grad_and_value(self._loss), in_dims=(0, 0, 0))
-        self._compiled = None
+        self._compiled = self._whole = None
         if compile:
             # one graph per (stack size, batch size): stacks are padded to powers of two and only full batches
             # are compiled, so a run compiles a handful of graphs; dynamo's default limit of 8 is raised for them
-            dynamo = torch._dynamo.config
-            dynamo.recompile_limit = max(dynamo.recompile_limit, 64)
+            allow_recompiles()
             self._compiled = torch.compile(self._grads)
+            if whole_step:  # the optimizer's update inside the graph too
+                self._whole = InGraphUpdate(self._grads, self._names)
+        self.steps_per_call = steps_per_call if self._whole is not None else 1
 
     def _loss(self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return functional_call(self.step, params, (x, y))
@@ -195,7 +209,8 @@ class BatchedLocalFit:
         loss_sums = torch.zeros(k, dtype=torch.float32, device=start.device)
         finals: list[torch.Tensor | None] = [start[i].float() if not batches[i] else None for i in range(k)]
         full_size = max((len(batch[1]) for client in batches for batch in client), default=0)
-        for j in range(max((len(b) for b in batches), default=0)):
+        j, num_steps = 0, max((len(b) for b in batches), default=0)
+        while j < num_steps:
             active = [i for i in slots if i is not None and j < len(batches[i])]
             # too few left for a vectorised step to pay (a compiled one pays even for one client)
             if len(active) <= (0 if self._compiled else self.sequential_below):
@@ -208,9 +223,22 @@ class BatchedLocalFit:
             if size < len(slots):
                 keep = [slots.index(i) for i in active]
                 keep += keep[:1] * (size - len(keep))  # spare positions: copies, trained on copies, never read
-                stacked, optimizer = _compact(stacked, optimizer, keep, make_optimizer)
+                stacked, optimizer = compact(stacked, optimizer, keep, make_optimizer)
                 slots = active + [None] * (size - len(active))
             slots = [i if i is not None and j < len(batches[i]) else None for i in slots]
+            calls = self._steps_in_call(slots, batches, j, full_size, optimizer)
+            if calls > 1:  # several steps of full batches, every client of the stack training through all of them
+                positions = [q for q, i in enumerate(slots) if i is not None]
+                xs, ys = zip(*(self._whole_stack(positions, [None if i is None else batches[i][t] for i in slots],
+                                                  len(slots)) for t in range(j, j + calls)), strict=True)  # fmt: skip
+                with self.precision.forward_context():
+                    group_losses = self._whole.several(stacked, optimizer, torch.stack(xs), torch.stack(ys))
+                loss_sums[torch.tensor([slots[q] for q in positions], device=start.device)] += (
+                    group_losses.detach().float()[positions]
+                )
+                j += calls
+                self._take_finals(stacked, slots, batches, j - 1, finals)
+                continue
             by_size: dict[int, list[int]] = {}  # clients whose batches have one size are vectorised together
             for position, i in enumerate(slots):
                 if i is not None:
@@ -231,17 +259,50 @@ class BatchedLocalFit:
                 loss_sums[i] += loss_sum
             if vectorised:
                 step_batches = [None if i is None else batches[i][j] for i in slots]
-                grads, losses = self._vectorised_grads(stacked, vectorised, step_batches, full_size)
+                group = vectorised[0]
+                if self._whole is not None and len(vectorised) == 1 and self._full(group, step_batches, full_size):
+                    x, y = self._whole_stack(group, step_batches, len(slots))
+                    with self.precision.forward_context():
+                        group_losses = self._whole(stacked, optimizer, x, y)
+                    losses = [(group, group_losses.detach().float()[group])]
+                else:
+                    grads, losses = self._vectorised_grads(stacked, vectorised, step_batches, full_size)
+                    for p, grad in zip(stacked, grads, strict=True):
+                        p.grad = grad
+                    optimizer.step()
                 for positions, group_losses in losses:
                     loss_sums[torch.tensor([slots[q] for q in positions], device=start.device)] += group_losses
-                for p, grad in zip(stacked, grads, strict=True):
-                    p.grad = grad
-                optimizer.step()
-            _restore(stacked, optimizer, stepped)
-            for position, i in enumerate(slots):
-                if i is not None and j == len(batches[i]) - 1:  # its last step: its state is final
-                    finals[i] = torch.cat([p.detach()[position].reshape(-1).float() for p in stacked])
+            restore(stacked, optimizer, stepped)
+            self._take_finals(stacked, slots, batches, j, finals)
+            j += 1
         return [(loss_sums[i], len(batches[i]), finals[i]) for i in range(k)]
+
+    @staticmethod
+    def _take_finals(stacked: list[torch.Tensor], slots: list, batches: Sequence, j: int, finals: list) -> None:
+        """The final state of each client whose last step was step ``j``."""
+        for position, i in enumerate(slots):
+            if i is not None and j == len(batches[i]) - 1:
+                finals[i] = torch.cat([p.detach()[position].reshape(-1).float() for p in stacked])
+
+    def _steps_in_call(
+        self, slots: list, batches: Sequence, j: int, full_size: int, optimizer: torch.optim.Optimizer
+    ) -> int:
+        """How many steps from step ``j`` on run in one compiled call: up to ``steps_per_call``, while every client
+        of the stack has full batches and none finishes before the last of them; ``steps_per_call`` or the largest
+        power of two that fits, so that the graphs stay few. 1 for a step that runs alone."""
+        if self.steps_per_call < 2 or not self._whole.takes_several(optimizer):
+            return 1
+        run = self.steps_per_call
+        for i in slots:
+            if i is None:
+                continue
+            client, length = batches[i], 0
+            while length < run and j + length < len(client) and len(client[j + length][1]) == full_size:
+                length += 1
+            run = length
+            if run < 2:
+                return 1
+        return run if run == self.steps_per_call else 1 << (run.bit_length() - 1)
 
     def _stack_size(self, active: int, k: int) -> int:
         """Positions of the stack for ``active`` clients still training out of ``k``: exactly ``active`` when
@@ -255,6 +316,19 @@ class BatchedLocalFit:
                 break
             size = lower
         return size
+
+    def _full(self, positions: list[int], step_batches: list, full_size: int) -> bool:
+        """Whether the group at ``positions`` runs compiled over the whole stack: its batches are full."""
+        return self._compiled is not None and len(step_batches[positions[0]][1]) == full_size
+
+    def _whole_stack(
+        self, positions: list[int], step_batches: list, stack_size: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The inputs ``[stack, batch, …]`` of a compiled group: its members' batches at their positions, a copy of
+        its first batch at every other position (their results are thrown away)."""
+        members, first = set(positions), step_batches[positions[0]]
+        chosen = [step_batches[q] if q in members else first for q in range(stack_size)]
+        return self.precision.convert_input((torch.stack([b[0] for b in chosen]), torch.stack([b[1] for b in chosen])))
 
     def _vectorised_grads(
         self,
@@ -274,13 +348,8 @@ class BatchedLocalFit:
         grads: list[torch.Tensor] | None = None
         losses = []
         for positions in groups:
-            first = step_batches[positions[0]]
-            if self._compiled is not None and len(first[1]) == full_size:
-                members = set(positions)
-                chosen = [step_batches[q] if q in members else first for q in range(stack_size)]
-                x, y = self.precision.convert_input(
-                    (torch.stack([b[0] for b in chosen]), torch.stack([b[1] for b in chosen]))
-                )
+            if self._full(positions, step_batches, full_size):
+                x, y = self._whole_stack(positions, step_batches, stack_size)
                 params = {n: p.detach() for n, p in zip(names, stacked, strict=True)}
                 with self.precision.forward_context():
                     group_grads, group_losses = self._compiled(params, x, y)
@@ -344,55 +413,3 @@ class BatchedLocalFit:
             alone.step()
             loss_sum += loss.detach().float()
         return loss_sum, alone
-
-
-def _restore(stacked: list[torch.Tensor], optimizer: torch.optim.Optimizer, stepped: dict) -> None:
-    """Writes each plainly stepped position's parameters and optimizer state back into the stack, over whatever
-    the stacked optimizer step did to them. Shared scalars (Adam's step count) are the same for every client
-    still training, so they are taken from the plain step."""
-    with torch.no_grad():
-        for position, (params, states) in stepped.items():
-            for values, param, state in zip(stacked, params, states, strict=True):
-                values[position] = param
-                shared = optimizer.state[values]
-                for key, value in state.items():
-                    if torch.is_tensor(value) and value.dim() > 0:
-                        shared[key][position] = value
-                    else:
-                        shared[key] = value.clone() if torch.is_tensor(value) else value
-
-
-def _compact(
-    stacked: list[torch.Tensor],
-    optimizer: torch.optim.Optimizer,
-    keep: list[int],
-    make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
-) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
-    """The stacked parameters and optimizer state of the positions ``keep`` only.
-
-    Per-client optimizer state (momentum, Adam's moments) has the stack's leading axis and is sliced with
-    the parameters; shared entries (Adam's step count, equal for every client still training) are kept.
-    """
-    index = torch.tensor(keep, device=stacked[0].device)
-    kept = [p.detach()[index].clone().requires_grad_(True) for p in stacked]
-    compacted = make_optimizer(kept)
-    for old, new in zip(stacked, kept, strict=True):
-        compacted.state[new] = {
-            key: value[index].clone() if torch.is_tensor(value) and value.dim() > 0 else value
-            for key, value in optimizer.state.get(old, {}).items()
-        }
-    return kept, compacted
-
-
-def optimizer_factory(configured: torch.optim.Optimizer) -> Callable[[list[torch.Tensor]], torch.optim.Optimizer]:
-    """An optimizer of ``configured``'s class and settings over new (stacked) parameters.
-
-    >>> sgd = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1, momentum=0.9)
-    >>> optimizer_factory(sgd)([torch.zeros(4, 1, requires_grad=True)]).param_groups[0]["momentum"]
-    0.9
-    """
-    accepted = inspect.signature(type(configured)).parameters
-    settings = {key: value for key, value in configured.param_groups[0].items() if key in accepted and key != "params"}
-    if "foreach" in accepted and settings.get("foreach") is None:
-        settings["foreach"] = True  # torch picks the per-tensor loop on the CPU; the same update, in fewer calls
-    return lambda params: type(configured)(params, **settings)

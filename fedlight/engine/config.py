@@ -189,10 +189,11 @@ class BatchingSettings:
         problems = []
         if self.steps_per_call < 1:
             problems.append(f"Expected --trainer.steps_per_call ≥ 1, got {self.steps_per_call}.")
-        elif self.steps_per_call > 1 and not self.compile_steps:
+        elif self.steps_per_call > 1 and not (self.compile_steps or self.compile_batched):
             problems.append(
                 f"--trainer.steps_per_call={self.steps_per_call} runs that many compiled steps per call, which needs "
-                "--trainer.compile_steps=true (or a mode); set it, or drop steps_per_call."
+                "--trainer.compile_steps=true (or a mode) or --trainer.compile_batched=true; set one, or drop "
+                "steps_per_call."
             )
         if isinstance(self.client_batching, int) and self.client_batching < 1:
             problems.append(f"Expected --trainer.client_batching ≥ 1, 'auto' or null, got {self.client_batching}.")

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from fedlight.bank import RoundSums
 from fedlight.context import all_gather_objects
-from fedlight.engine.batched import BatchedLocalFit, batching_blocker, optimizer_factory, vectorising_pays
+from fedlight.engine.batched import BatchedLocalFit, batching_blocker, vectorising_pays
 from fedlight.engine.guards import FailureGuards
 from fedlight.engine.launch import assign_clients
 from fedlight.engine.local_fit import LocalTraining, all_finite
+from fedlight.engine.stacked import optimizer_factory
+from fedlight.engine.whole_step import update_blocker
 from fedlight.errors import ConfigError, error_line
 from fedlight.gather import ClientStates
 from fedlight.plans import ClientPlan, ClientUpdate
@@ -196,7 +198,14 @@ class RoundFits:
                     self.console.print(f"fedlight: --trainer.client_batching=auto: clients train vectorised: {reason}.")
             if blocker is None:
                 precision = self.training.precision
-                self.vectorised = BatchedLocalFit(model.module, model.layout, precision, compiled)
+                in_graph = compiled and update_blocker(configured, precision) is None
+                if compiled:
+                    line = _update_line(configured, precision, self.batching.steps_per_call)
+                    self.console.print(f"fedlight: --trainer.compile_batched: {line}.")
+                steps_per_call = self.batching.steps_per_call
+                self.vectorised = BatchedLocalFit(
+                    model.module, model.layout, precision, compiled, in_graph, steps_per_call
+                )
             else:
                 self.vectorised = blocker
                 self.console.print(
@@ -283,3 +292,12 @@ def round_plans(
         ClientPlan(int(c), int(e), bool(s), dropped=bool(s) and not strategy.tolerate_stragglers)
         for c, e, s in zip(clients, epochs, stragglers, strict=True)
     ]
+
+
+def _update_line(configured: Any, precision: Any, steps_per_call: int) -> str:
+    """Which vectorised step ``compile_batched`` compiles: with the optimizer's update in the graph, or without."""
+    blocker = update_blocker(configured, precision)
+    if blocker is None:
+        several = f", up to {steps_per_call} steps of full batches per call" if steps_per_call > 1 else ""
+        return f"the vectorised step compiles forward, backward and the optimizer's update as one graph{several}"
+    return f"the vectorised step compiles forward and backward; the optimizer's update stays eager, because {blocker}"

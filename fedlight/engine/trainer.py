@@ -149,7 +149,9 @@ class FederatedTrainer:
             batches inside one compiled call (the batches stacked), so the cost of entering compiled code is paid
             once per call rather than once per step: on small networks, whose steps take tens of microseconds, that
             cost is a large part of a step. The steps are the same, in the same order; compilation takes longer
-            (the graph holds every step of a call). Batches that do not fill a call run one step per call.
+            (the graph holds every step of a call). Batches that do not fill a call run in calls of the largest
+            powers of two that fit. With ``compile_batched`` and the update in its graph, the vectorised stack
+            runs up to this many steps per call while all its clients have full batches and none finishes.
         init_from: start the run from another run's weights instead of the model's own initialisation: a
             fedlight checkpoint (``<run_dir>/checkpoints/last.ckpt``, e.g. of a centralized source
             pre-training run), a Lightning checkpoint, or a file holding a plain ``state_dict``. Weights only;

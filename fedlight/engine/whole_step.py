@@ -58,17 +58,11 @@ def allow_recompiles() -> None:
     dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 64)
 
 
-def whole_step_blocker(
-    module: nn.Module, optimizers: list[torch.optim.Optimizer], schedulers: list[Any], precision: Any
-) -> str | None:
-    """Why a fit with these optimizers cannot run as one compiled step, or ``None`` when it can."""
+def update_blocker(optimizer: torch.optim.Optimizer, precision: Any) -> str | None:
+    """Why this optimizer's update cannot be computed inside a compiled step (:func:`sgd_update`,
+    :func:`adam_update`), or ``None`` when it can."""
     if getattr(precision, "scaler", None) is not None:
         return "fp16 mixed precision scales the loss through a gradient scaler, which steps outside the graph"
-    if len(optimizers) != 1:
-        return f"configure_optimizers returned {len(optimizers)} optimizers; the whole step takes one"
-    if schedulers:
-        return "configure_optimizers returned a learning-rate scheduler; the whole step takes none"
-    optimizer = optimizers[0]
     if type(optimizer) not in WHOLE_STEP_OPTIMIZERS:
         return f"configure_optimizers returned {type(optimizer).__name__}; the whole step takes SGD, Adam or AdamW"
     for group in optimizer.param_groups:
@@ -77,6 +71,40 @@ def whole_step_blocker(
                 return f"the optimizer sets {option}=True, which the whole step does not compute"
     if len({bool(group.get("nesterov")) for group in optimizer.param_groups}) > 1:
         return "the optimizer's parameter groups differ in nesterov"
+    return None
+
+
+def update_rule(optimizer: torch.optim.Optimizer) -> str:
+    """The update :class:`WholeStep` computes for ``optimizer``: ``sgd``, ``sgd-nesterov`` or ``adam``."""
+    if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+        return "adam"
+    return "sgd-nesterov" if optimizer.param_groups[0]["nesterov"] else "sgd"
+
+
+def update_settings(optimizer: torch.optim.Optimizer, group: dict, device: torch.device) -> torch.Tensor:
+    """A parameter group's settings as the vector :func:`sgd_update` or :func:`adam_update` reads, in fp64 on
+    ``device``: tensors rather than Python numbers, so that a new learning rate does not compile again."""
+    if update_rule(optimizer) == "adam":
+        beta1, beta2 = group["betas"]
+        decoupled = isinstance(optimizer, torch.optim.AdamW) or group.get("decoupled_weight_decay", False)
+        values = (group["lr"], beta1, beta2, group["eps"], group["weight_decay"], float(decoupled))
+    else:
+        values = (group["lr"], group["momentum"], group["dampening"], group["weight_decay"], 0.0, 0.0)
+    return torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+
+
+def whole_step_blocker(
+    module: nn.Module, optimizers: list[torch.optim.Optimizer], schedulers: list[Any], precision: Any
+) -> str | None:
+    """Why a fit with these optimizers cannot run as one compiled step, or ``None`` when it can."""
+    if len(optimizers) != 1:
+        return f"configure_optimizers returned {len(optimizers)} optimizers; the whole step takes one"
+    if schedulers:
+        return "configure_optimizers returned a learning-rate scheduler; the whole step takes none"
+    optimizer = optimizers[0]
+    blocker = update_blocker(optimizer, precision)
+    if blocker is not None:
+        return blocker
     trainable = {id(p) for p in module.parameters() if p.requires_grad}
     optimized = [id(p) for group in optimizer.param_groups for p in group["params"]]
     if set(optimized) != trainable or len(optimized) != len(trainable):
@@ -213,24 +241,13 @@ class WholeStep:
 
     def _settings(self, optimizer: torch.optim.Optimizer) -> tuple[str, dict[str, torch.Tensor]]:
         """The update rule's name and each trainable parameter's settings, as a vector on its device."""
-        params = dict(self.step.named_parameters())
         group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
-        adam = isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
-        settings = {}
-        for name, p in params.items():
-            if not p.requires_grad:
-                continue
-            group = group_of[id(p)]
-            if adam:
-                beta1, beta2 = group["betas"]
-                decoupled = isinstance(optimizer, torch.optim.AdamW) or group.get("decoupled_weight_decay", False)
-                values = (group["lr"], beta1, beta2, group["eps"], group["weight_decay"], float(decoupled))
-            else:
-                values = (group["lr"], group["momentum"], group["dampening"], group["weight_decay"], 0.0, 0.0)
-            settings[name] = torch.tensor([float(v) for v in values], dtype=torch.float64, device=p.device)
-        if adam:
-            return "adam", settings
-        return ("sgd-nesterov" if optimizer.param_groups[0]["nesterov"] else "sgd"), settings
+        settings = {
+            name: update_settings(optimizer, group_of[id(p)], p.device)
+            for name, p in self.step.named_parameters()
+            if p.requires_grad
+        }
+        return update_rule(optimizer), settings
 
     def _fresh_slots(self, trainable: dict[str, torch.Tensor], rule: str) -> dict[str, list[torch.Tensor]]:
         """The optimizer state of a fresh optimizer: zeros, in buffers kept across the run's fits."""

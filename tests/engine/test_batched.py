@@ -6,11 +6,12 @@ import torch
 from fedlight.clients import ClassificationClient
 from fedlight.data import FederatedDataModule
 from fedlight.engine.batched import BatchedLocalFit, batching_blocker
+from fedlight.engine.stacked import InGraphUpdate
 from fedlight.engine.trainer import FederatedTrainer
 from fedlight.errors import ConfigError
 from fedlight.state import FlatState
 from fedlight.strategies import FedAvg, FedProx
-from fedlight.testing import ClientImages
+from fedlight.testing import ClientImages, PlainPrecision
 
 # trainers built without a default_root_dir write into the test's own runs/
 pytestmark = pytest.mark.usefixtures("runs_in_tmp")
@@ -87,15 +88,81 @@ def test_vectorised_plain_and_tail_steps_mix_to_the_sequential_rounds(monkeypatc
     torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)
 
 
-def test_compiled_batched_rounds_equal_the_sequential_ones():
-    """Compiled, the stack keeps spare positions as clients finish (10 → 8 → 4 → 2 → 1 positions) and short
-    batches take plain steps; the rounds still equal the sequential ones."""
-    optimizer = lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)  # noqa: E731
+COMPILED_OPTIMIZERS = [
+    # dampening: SGD's first step sets the buffer to d itself, later ones μ b + (1 − dampening) d
+    pytest.param(lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, dampening=0.3, weight_decay=1e-3), id="sgd"),
+    pytest.param(lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=1e-2), id="adam"),
+]
+
+
+@pytest.mark.parametrize("optimizer", COMPILED_OPTIMIZERS)
+def test_compiled_batched_rounds_equal_the_sequential_ones(optimizer, capsys):
+    """Compiled, the stack keeps spare positions as clients finish (10 → 8 → 4 → 2 → 1 positions); steps of full
+    batches update inside the graph, steps with short batches take the eager optimizer on the same state, and
+    the rounds still equal the sequential ones."""
     sequential, plans = run(images(), MLP, optimizer, None, rounds=2)
     batched, batched_plans = run(images(), MLP, optimizer, 8, rounds=2, compile_batched=True)
-    assert batched.run.pieces.fits.vectorised._compiled is not None
+    fit = batched.run.pieces.fits.vectorised
+    assert fit._compiled is not None and fit._whole.steps > 0
+    assert "compiles forward, backward and the optimizer's update as one graph" in capsys.readouterr().out
     assert batched_plans.rounds == plans.rounds
     torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)
+
+
+def test_several_stacked_steps_per_call_equal_the_sequential_rounds(monkeypatch):
+    """With steps_per_call, runs of full batches of every stacked client take several steps per compiled call
+    (4, or 2 where fewer are left before a short batch or a client's end); SGD's first step still runs alone."""
+    sizes = []
+    several = InGraphUpdate.several
+
+    def recording(self, stacked, optimizer, xs, ys):
+        sizes.append(len(xs))
+        return several(self, stacked, optimizer, xs, ys)
+
+    monkeypatch.setattr(InGraphUpdate, "several", recording)
+    optimizer = COMPILED_OPTIMIZERS[0].values[0]  # SGD with momentum and dampening
+    sequential, plans = run(images(), MLP, optimizer, None, rounds=2)
+    batched, batched_plans = run(images(), MLP, optimizer, 8, rounds=2, compile_batched=True, steps_per_call=4)
+    assert set(sizes) == {2, 4}
+    assert batched_plans.rounds == plans.rounds
+    torch.testing.assert_close(batched.global_state, sequential.global_state, rtol=0, atol=RUN_ATOL)
+
+
+def test_the_in_graph_update_alternates_with_eager_steps_on_one_state():
+    """Three stacked steps, in the graph, eager, in the graph, equal three steps of torch.optim per client in fp64:
+    the state the compiled update creates and writes is the one torch.optim reads, and the reverse."""
+    torch.manual_seed(0)
+    client = ClassificationClient(**MLP).double()
+    layout = FlatState(client)
+    fit = BatchedLocalFit(client, layout, PlainPrecision(), compile=True, whole_step=True)
+    starts = [torch.randn(layout.numel, dtype=torch.float64) * 0.1 for _ in range(3)]
+    batches = [(torch.randn(3, 4, 1, 8, 8, dtype=torch.float64), torch.randint(0, 3, (3, 4))) for _ in range(3)]
+    for make in (
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, dampening=0.5),
+        lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
+    ):
+        stacked = [
+            torch.stack([s[e.offset : e.offset + e.numel].reshape(e.shape) for s in starts]).requires_grad_(True)
+            for e in layout.entries
+        ]
+        optimizer = make(stacked)
+        for step, (x, y) in enumerate(batches):
+            if step == 1:  # the eager path: gradients, then torch.optim's step on the stacked state
+                grads, _ = fit._grads(dict(zip(fit._names, [p.detach() for p in stacked], strict=True)), x, y)
+                for p, name in zip(stacked, fit._names, strict=True):
+                    p.grad = grads[name]
+                optimizer.step()
+            else:
+                fit._whole(stacked, optimizer, x, y)
+        for k in range(3):
+            layout.load(client, starts[k])
+            reference = make(list(client.parameters()))
+            for x, y in batches:
+                reference.zero_grad()
+                client.training_step((x[k], y[k]), 0)["loss"].backward()
+                reference.step()
+            for p, e in zip(stacked, layout.entries, strict=True):
+                torch.testing.assert_close(p.detach()[k], dict(client.named_parameters())[e.name], rtol=0, atol=1e-12)
 
 
 def test_a_compiled_stack_shrinks_through_powers_of_two():
