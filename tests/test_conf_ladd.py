@@ -29,7 +29,7 @@ FEDERATED = {
 WITHOUT_FDA = {"st", "st_kd_swat_clu"}
 #: pre-training row → FDA window half-width b (None: no restyling), Tables 5 and 6
 PRETRAINING = {"source_only": None, "pretrain_fda": 1, "pretrain_fda_1x1": 0, "pretrain_fda_5x5": 2}
-#: MCD's rows (Tables 2–4 and the twin), FTDA's (Table 2 only)
+#: MCD's rows (Tables 2–4 and the twin), FTDA's (Table 2 and the twin)
 MCD = {"mcd_centralized", "mcd_fl_uda"}
 FTDA = {"ftda_centralized", "ftda_federated"}
 #: Table 8's rows on the twin (CrossCity's are crosscity_4clients/)
@@ -37,7 +37,7 @@ TABLE8 = {"table8_source_only", "table8_pretrain_fda", "table8_ladd"}
 ROWS = {
     "crosscity": set(FEDERATED) | set(PRETRAINING) | MCD,
     "crosscity_4clients": {"source_only", "pretrain_fda", "ladd"},
-    "twin": set(FEDERATED) | set(PRETRAINING) | {"oracle_federated", "daformer"} | MCD | TABLE8,
+    "twin": set(FEDERATED) | set(PRETRAINING) | {"oracle_federated", "daformer"} | MCD | FTDA | TABLE8,
     "cityscapes": {"source_only", "pretrain_fda", "fedavg_st", "ladd_cls", "ladd_all", "oracle_federated",
                    "oracle_centralized", "daformer"} | MCD | FTDA,
     "mapillary": {"source_only", "pretrain_fda", "fedavg_st", "ladd_cls", "ladd_all", "oracle_federated"} | MCD,
@@ -47,6 +47,18 @@ ROWS = {
 @cache
 def resolved(path: Path) -> dict:
     return yaml.safe_load(PARSER.dump(PARSER.parse_args(["fit", "--config", str(path)])))["fit"]
+
+
+def _flat(tree: dict, prefix: tuple = ()) -> dict[tuple, object]:
+    out = {}
+    for key, value in tree.items():
+        out.update(_flat(value, (*prefix, key)) if isinstance(value, dict) else {(*prefix, key): value})
+    return out
+
+
+def _differing(a: dict[tuple, object], b: dict[tuple, object]) -> set[tuple]:
+    """The keys where two flattened configs differ, the run's name (its file's) left out."""
+    return {key for key in a.keys() | b.keys() if a.get(key) != b.get(key)} - {("trainer", "name")}
 
 
 @pytest.mark.parametrize("path", sorted(CONF.rglob("*.yaml")), ids=lambda p: str(p.relative_to(CONF)))
@@ -68,6 +80,21 @@ def test_ftda_fine_tunes_the_source_only_model_as_the_oracle_of_its_setting(row)
     assert config["trainer"]["init_from"] == "runs/ladd/cityscapes/source_only/version_0/checkpoints/last.ckpt"
     assert config["model"]["class_path"] == oracle["model"]["class_path"] == "fedlight.clients.SourcePretrainingClient"
     assert config["data"] == oracle["data"] and config["strategy"] == oracle["strategy"]
+
+
+def test_the_twins_ftda_is_its_federated_oracle_from_the_source_only_model_and_pooled_as_its_mcd():
+    """The twin has no centralized oracle: its centralized FTDA pools the federated one's clients and trains as long
+    as the twin's centralized MCD (30 epochs, poly decay)."""
+    twin = CONF / "twin"
+    federated, centralized = (_flat(resolved(twin / f"ftda_{name}.yaml")) for name in ("federated", "centralized"))
+    oracle, mcd = _flat(resolved(twin / "oracle_federated.yaml")), _flat(resolved(twin / "mcd_centralized.yaml"))
+    start = ("trainer", "init_from")
+    assert _differing(federated, oracle) == {start}
+    assert federated[start] == "runs/ladd/twin/source_only/version_0/checkpoints/last.ckpt"
+    pooled = {("trainer", "rounds"), ("trainer", "clients_per_round"), ("data", "centralized"),
+              ("model", "init_args", "poly_power")}  # fmt: skip
+    assert _differing(centralized, federated) == pooled
+    assert {key: centralized[key] for key in pooled} == {key: mcd[key] for key in pooled}
 
 
 @pytest.mark.parametrize("dataset", ["cityscapes", "crosscity", "mapillary"])
@@ -159,13 +186,6 @@ RELEASED = {
     ("strategy", "init_args", "test_routing"): "released",
 }
 LAMBDA_KD, LABEL_WEIGHTS = ("model", "init_args", "lambda_kd"), ("model", "init_args", "kd_label_weights")
-
-
-def _flat(tree: dict, prefix: tuple = ()) -> dict[tuple, object]:
-    out = {}
-    for key, value in tree.items():
-        out.update(_flat(value, (*prefix, key)) if isinstance(value, dict) else {(*prefix, key): value})
-    return out
 
 
 @pytest.mark.parametrize(

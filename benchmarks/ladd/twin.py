@@ -3,12 +3,13 @@
 Runs rows of ``conf/ladd/twin/`` with the ``fedlight`` command in this process: the source pre-trainings (no
 FDA, FDA windows 1×1, 3×3, 5×5: Table 6 and the first rows of Table 5), then the federated rows of Table 5 (ST,
 FDA+ST, +KD, +KD+SWAt, +KD+Clu, ST+KD+SWAt+Clu without FDA, everything) and Table 7 (cluster-specific BN,
-backbone, classifier, all), each from its pre-training's checkpoint, and Table 3's MCD baselines (FL-UDA and
-centralized), which train from scratch. Every run is summarised as LADD reports it: the mean ± std over the last
-10 % of rounds of the per-round test mIoU, for the global model and for the style-routed cluster models, with
-the style-clustering accuracy (each cluster labelled with its majority city). Over several seeds (data and
-training), a row's table entry is the mean ± std over seeds of those tail means. A full run of the default rows
-writes its tables to ``benchmarks/ladd/results/``; other runs write them beside their runs, in ``--out``::
+backbone, classifier, all), each from its pre-training's checkpoint, Table 2's FTDA (the source-only model
+fine-tuned on the clients' labels, federated and centralized), and, from scratch, Table 3's MCD baselines (FL-UDA
+and centralized) and Table 2's centralized DAFormer. Every run is summarised as LADD reports it: the mean ± std
+over the last 10 % of rounds of the per-round test mIoU, for the global model and for the style-routed cluster
+models, with the style-clustering accuracy (each cluster labelled with its majority city). Over several seeds
+(data and training), a row's table entry is the mean ± std over seeds of those tail means. A full run of the
+default rows writes its tables to ``benchmarks/ladd/results/``; other runs write them beside their runs, in ``--out``::
 
     python benchmarks/ladd/twin.py                                  # every row, seed 0
     python benchmarks/ladd/twin.py --seeds 0 1 2                    # the main rows over three seeds
@@ -25,6 +26,8 @@ writes its tables to ``benchmarks/ladd/results/``; other runs write them beside 
     python benchmarks/ladd/twin.py --released-code --seeds 0 1 2 --rows pretrain_fda fda_st_kd_swat ladd_all --out ...
     # Table 8: four clients, one per style city, scored city by city (its pre-training runs first)
     python benchmarks/ladd/twin.py --seeds 0 1 2 --rows table8_source_only table8_ladd --out runs/ladd/table8
+    # Table 2: FTDA from the source-only pre-training (run first), and DAFormer from scratch
+    python benchmarks/ladd/twin.py --seeds 0 1 2 --rows ftda_federated ftda_centralized daformer --out runs/ladd/table2
 
 A federated row whose pre-training is neither among ``--rows`` nor in ``--pretrained`` has it run first. Rows scored
 city by city (``--data.test_groups``: Table 8's) add each city's tail mean and that of the cities' mean to
@@ -62,26 +65,37 @@ PRETRAINING = ["source_only", "pretrain_fda_1x1", "pretrain_fda", "pretrain_fda_
                "table8_pretrain_fda"]  # fmt: skip
 FEDERATED = ["st", "fedavg_st", "fda_st_kd", "fda_st_kd_swat", "fda_st_kd_clu", "st_kd_swat_clu", "ladd_all", "ladd_bn",
              "ladd_backbone", "ladd_cls", "table8_ladd"]  # fmt: skip
-#: rows trained from scratch, without a pre-training: Table 3's MCD baselines, whose labelled source (the
-#: pre-training's) is drawn with the run's seed as the data are
-FROM_SCRATCH = ["mcd_fl_uda", "mcd_centralized"]
+#: rows that fine-tune a pre-training on the clients' labels with FedAvg, not LADD: Table 2's FTDA (Cityscapes only
+#: in the paper), from the pre-training without FDA
+FINE_TUNED = ["ftda_federated", "ftda_centralized"]
+#: rows trained from scratch, without a pre-training: Table 3's MCD baselines and Table 2's centralized DAFormer,
+#: whose labelled source (the pre-training's) is drawn with the run's seed as the data are
+FROM_SCRATCH = ["mcd_fl_uda", "mcd_centralized", "daformer"]
 #: the pre-training a federated row starts from, where it is not ``pretrain_fda``
-SOURCE = {"st": "source_only", "st_kd_swat_clu": "source_only", "table8_ladd": "table8_pretrain_fda"}
+SOURCE = {"st": "source_only", "st_kd_swat_clu": "source_only", "table8_ladd": "table8_pretrain_fda",
+          "ftda_federated": "source_only", "ftda_centralized": "source_only"}  # fmt: skip
 #: the style pool each FDA pre-training writes in its seed's folder
 STYLE_FILES = {"pretrain_fda_1x1": "styles_b0.pt", "pretrain_fda": "styles_b1.pt", "pretrain_fda_5x5": "styles_b2.pt",
                "table8_pretrain_fda": "styles_cities_b1.pt"}  # fmt: skip
 #: the order rows run in: the federated rows need only the first two pre-trainings; Table 6's other windows last
 ORDER = ["source_only", "pretrain_fda", "fedavg_st", "fda_st_kd", "fda_st_kd_swat", "ladd_all", "ladd_cls", "st",
          "fda_st_kd_clu", "st_kd_swat_clu", "ladd_bn", "ladd_backbone", "pretrain_fda_1x1", "pretrain_fda_5x5",
-         "mcd_fl_uda", "mcd_centralized"]  # fmt: skip
+         "mcd_fl_uda", "mcd_centralized", "ftda_federated", "ftda_centralized", "daformer"]  # fmt: skip
 #: the rows run over several seeds: Table 5's main steps and Table 7
 MAIN = ["source_only", "pretrain_fda", "fedavg_st", "fda_st_kd", "fda_st_kd_swat", "ladd_bn", "ladd_backbone",
         "ladd_cls", "ladd_all"]  # fmt: skip
-#: the paper's CrossCity mIoU % of each row (Tables 3, 5, 6 and 7; a cluster row's is its routed score)
+#: the paper's mIoU % of each row, CrossCity's (Tables 3, 5, 6 and 7; a cluster row's is its routed score) or, for
+#: the rows of :data:`PAPER_CITYSCAPES`, Cityscapes' (Table 2)
 PAPER = {"source_only": 26.49, "pretrain_fda_1x1": 31.59, "pretrain_fda": 32.43, "pretrain_fda_5x5": 32.51,
          "st": 30.58, "fedavg_st": 33.59, "fda_st_kd": 37.49, "fda_st_kd_swat": 38.83, "fda_st_kd_clu": 39.18,
          "st_kd_swat_clu": 32.78, "ladd_bn": 38.72, "ladd_backbone": 39.31, "ladd_cls": 39.87, "ladd_all": 40.09,
-         "mcd_fl_uda": 24.80, "mcd_centralized": 27.15}  # fmt: skip
+         "mcd_fl_uda": 24.80, "mcd_centralized": 27.15, "ftda_federated": 59.35, "ftda_centralized": 65.74,
+         "daformer": 42.31}  # fmt: skip
+#: rows whose paper number is not CrossCity's: Table 2's FTDA (CrossCity's clients have no labels) and DAFormer
+PAPER_CITYSCAPES = {"ftda_federated", "ftda_centralized", "daformer"}
+#: the paper's B − A where A and B's own numbers come from different datasets: FTDA − Cityscapes' source only (24.05)
+PAPER_DELTA = {("source_only", "ftda_federated"): 59.35 - 24.05, ("source_only", "ftda_centralized"): 65.74 - 24.05,
+               ("source_only", "daformer"): 42.31 - 24.05}  # fmt: skip
 #: Table 8's rows: the paper's per-city mIoU % (Rio, Rome, Taipei, Tokyo) and their average, on CrossCity in [72]'s
 #: four-client split (the source-only row is [72]'s own model)
 PAPER_TABLE8 = {"table8_source_only": (27.9, 27.6, 26.0, 28.2, 27.4), "table8_ladd": (35.4, 34.0, 31.5, 32.4, 33.3)}
@@ -93,12 +107,18 @@ REDUCED_PRETRAINING = ["--trainer.rounds=3", "--data.dataset.init_args.num_sourc
 REDUCED_FEDERATED = ["--trainer.rounds=4", "--trainer.clients_per_round=4",
                      "--data.dataset.init_args.num_test_per_city=10"]  # fmt: skip
 REDUCED_FROM_SCRATCH = ["--trainer.rounds=3", "--data.dataset.init_args.num_test_per_city=10"]
+REDUCED_STEPS = {"daformer": ["--trainer.local_steps=5"]}  # rows that run a number of steps a round, not epochs
 NO_SWA = {"st", "fedavg_st", "fda_st_kd", "fda_st_kd_clu"}  # rows without an SWA teacher
-#: ``--code-behaviours``: what LADD's released code does where it departs from the paper (docs/ladd.md)
-#: (A, B): B − A per seed, compared with the paper's B − A on CrossCity (Tables 5–7)
+#: (A, B): B − A per seed, compared with the paper's B − A (Tables 2, 3, 5–7; :data:`PAPER_DELTA` where A's and
+#: B's numbers are of different datasets)
 COMPARISONS = [("source_only", "pretrain_fda"), ("pretrain_fda", "fedavg_st"), ("fedavg_st", "fda_st_kd"),
                ("fda_st_kd", "fda_st_kd_swat"), ("fda_st_kd_swat", "ladd_bn"), ("fda_st_kd_swat", "ladd_backbone"),
-               ("fda_st_kd_swat", "ladd_cls"), ("fda_st_kd_swat", "ladd_all")]  # fmt: skip
+               ("fda_st_kd_swat", "ladd_cls"), ("fda_st_kd_swat", "ladd_all"), ("st_kd_swat_clu", "ladd_all"),
+               ("source_only", "st_kd_swat_clu"), ("source_only", "mcd_fl_uda"), ("source_only", "mcd_centralized"),
+               ("mcd_fl_uda", "mcd_centralized"), ("source_only", "ftda_federated"),
+               ("source_only", "ftda_centralized"), ("ftda_federated", "ftda_centralized"), ("source_only", "daformer"),
+               ("daformer", "ftda_centralized")]  # fmt: skip
+#: ``--code-behaviours``: what LADD's released code does where it departs from the paper (docs/ladd.md)
 CODE_BEHAVIOURS = [
     "--strategy.init_args.reset_unsampled_clusters=true",
     "--strategy.init_args.shared_pseudo_teacher=true",
@@ -147,10 +167,10 @@ def run_row(
     if row in STYLE_FILES:  # the style pools are written next to the runs
         args.append(f"--data.train_transform.init_args.style_file={out}/{STYLE_FILES[row]}")
         args.append(f"--data.train_transform.init_args.target.init_args.seed={seed}")  # the same clients' styles
-    if row in FROM_SCRATCH:  # MCD's labelled source comes from the seed's world, as the data do
+    if row in FROM_SCRATCH:  # MCD's and DAFormer's labelled source comes from the seed's world, as the data do
         args.append(f"--model.init_args.source.init_args.seed={seed}")
-    if reduced and row in FROM_SCRATCH:
-        args += REDUCED_FROM_SCRATCH
+    if reduced and row in FROM_SCRATCH + FINE_TUNED:
+        args += REDUCED_FROM_SCRATCH + REDUCED_STEPS.get(row, [])
     elif reduced:
         args += REDUCED_FEDERATED if row in FEDERATED else REDUCED_PRETRAINING
         args += [] if row in NO_SWA or row not in FEDERATED else ["--strategy.init_args.swa_start=2"]
@@ -160,6 +180,9 @@ def run_row(
         args.append(f"--trainer.init_from={sources}/{source}/version_0/checkpoints/last.ckpt")
         args += CODE_BEHAVIOURS if code else []
         args += [] if lr is None else [f"--model.init_args.optimizer.init_args.lr={lr}"]
+    if row in FINE_TUNED:  # LADD's flags (--code-behaviours, --lr) are not FTDA's
+        sources = out if pretrained is None else pretrained / out.name
+        args.append(f"--trainer.init_from={sources}/{SOURCE[row]}/version_0/checkpoints/last.ckpt")
     started = time.perf_counter()
     run(args)
     seconds = time.perf_counter() - started
@@ -253,10 +276,12 @@ def with_pretrainings(rows: list[str]) -> list[str]:
 
     >>> with_pretrainings(["table8_source_only", "table8_ladd", "st"])
     ['table8_source_only', 'table8_pretrain_fda', 'table8_ladd', 'source_only', 'st']
+    >>> with_pretrainings(["ftda_federated", "ftda_centralized"])
+    ['source_only', 'ftda_federated', 'ftda_centralized']
     """
     out: list[str] = []
     for row in rows:
-        source = SOURCE.get(row, "pretrain_fda") if row in FEDERATED else None
+        source = SOURCE.get(row, "pretrain_fda") if row in FEDERATED + FINE_TUNED else None
         if source is not None and source not in rows and source not in out:
             out.append(source)
         out.append(row)
@@ -286,7 +311,8 @@ def write_tables(results: list[dict[str, object]], results_dir: Path) -> None:
         accuracy = over_seeds([r["cluster_accuracy"] for r in runs if r["cluster_accuracy"] is not None])
         k = sorted({f"{r['clusters']:.0f}" for r in runs if r["clusters"]})
         seconds = sum(r["seconds"] for r in runs) / len(runs)
-        lines.append(f"| {row} | {PAPER.get(row, '–')} | {runs[0]['rounds']} | {fmt(summary('global'))} "
+        paper = f"{PAPER[row]} (Cityscapes)" if row in PAPER_CITYSCAPES else PAPER.get(row, "–")
+        lines.append(f"| {row} | {paper} | {runs[0]['rounds']} | {fmt(summary('global'))} "
                      f"| {fmt(summary('routed'))} | {fmt(gains)} | {'/'.join(k) or '–'} | "
                      f"{'–' if accuracy is None else f'{100 * accuracy[0]:.0f} %'} | {seconds:.1f} |")  # fmt: skip
     lines += paired_lines(results)
@@ -312,6 +338,27 @@ def table8_lines(results: list[dict[str, object]]) -> list[str]:
         per_city = " | ".join(fmt(seed_summary([r["cities"].get(c) for r in runs])) for c in cities)
         lines.append(f"| {row} | {paper} | {per_city} | {fmt(seed_summary([r['city_mean'] for r in runs]))} "
                      f"| {fmt(seed_summary([r['global'] for r in runs]))} |")  # fmt: skip
+    return lines + table8_paired_lines(scored, cities)
+
+
+def table8_paired_lines(scored: list[dict[str, object]], cities: list[str]) -> list[str]:
+    """LADD − source only in Table 8, per seed, for each city and for the mean over cities (mean ± se)."""
+    a, b = "table8_source_only", "table8_ladd"
+    by = {(r["row"], r["seed"]): r for r in scored}
+    seeds = sorted(s for (row, s) in by if row == b and (a, s) in by)
+    if not seeds:
+        return []
+    lines = ["", f"| {b} − {a} | paper δ (Avg) | per seed | mean ± se (sd) |", "|---|---|---|---|"]
+    delta = PAPER_TABLE8[b][-1] - PAPER_TABLE8[a][-1]
+    for name, paper in [*((c, "–") for c in cities), ("mean over cities", f"{delta:+.2f}")]:
+        tails = [(by[(b, s)], by[(a, s)]) for s in seeds]
+        if name == "mean over cities":
+            pairs = [(x["city_mean"], y["city_mean"]) for x, y in tails]
+        else:
+            pairs = [(x["cities"].get(name), y["cities"].get(name)) for x, y in tails]
+        d = [100 * (x[0] - y[0]) for x, y in pairs if x is not None and y is not None]
+        if d:
+            lines.append(f"| {name} | {paper} | {', '.join(f'{v:+.2f}' for v in d)} | {paired(d)} |")
     return lines
 
 
@@ -339,7 +386,7 @@ def paired_lines(results: list[dict[str, object]]) -> list[str]:
         if not seeds:
             continue
         d = [by[(b, s)] - by[(a, s)] for s in seeds]
-        p, delta = paired(d), PAPER[b] - PAPER[a]
+        p, delta = paired(d), PAPER_DELTA.get((a, b), PAPER[b] - PAPER[a])
         needed = seeds_needed(delta, p.sd) if len(d) > 1 and p.sd > 0 else "–"
         lines.append(f"| {b} − {a} | {delta:+.2f} | {', '.join(f'{x:+.2f}' for x in d)} | {p} | {needed} |")
     return lines if len(lines) > 3 else []
